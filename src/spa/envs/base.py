@@ -1,0 +1,187 @@
+"""The text-environment protocol and the registry behind ``spa.envs.make``.
+
+Every environment is a gymnasium ``Env`` whose observations and actions are text:
+
+* ``reset(seed=...) -> (obs, info)``: deterministic for a given seed;
+* ``step(action_text) -> (obs, reward, terminated, truncated, info)``: one action
+  per call, names matched case-insensitively. An invalid or unparsable action
+  changes nothing, does not count as a step, yields ``info["action_valid"] = False``
+  and never raises;
+* ``render() -> str``: the raw text grid (the paper's "raw state");
+* ``describe() -> str``: the structured 0-indexed ``(row, col)`` description of the
+  key entities (the paper's state-estimation text ``b_t``).
+
+``info`` always carries ``action_valid`` and ``success``. Each environment
+declares its options as a dataclass ``Config``; ``make`` turns keyword arguments
+into that dataclass, so an unknown key is an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+#: Characters a grid or an action may contain; gymnasium's ``Text`` space needs a charset.
+_CHARSET = "".join(chr(c) for c in range(32, 127)) + "√\n"
+
+
+class TextEnv(gym.Env, ABC):
+    """Base class of every environment: text in, text out.
+
+    Subclasses set ``name``, ``Config`` (a dataclass whose fields have defaults and a
+    ``metadata["help"]``), and ``action_help`` (one line telling the model how to write
+    an action), and implement the abstract methods below.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    action_help: ClassVar[str]
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config if config is not None else self.Config()
+        self.observation_space = spaces.Text(max_length=4096, charset=_CHARSET)
+        self.action_space = spaces.Text(max_length=64, charset=_CHARSET)
+        self.render_mode = "ansi"
+
+    # -- the protocol (implemented here once; subclasses fill in the hooks below) ----
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Start a new episode; the same seed always gives the same episode."""
+        super().reset(seed=seed)
+        self.steps = 0
+        self._new_episode(self.np_random)
+        return self.render(), {"action_valid": True, "success": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply one text action; never raises, whatever the text.
+
+        An unparsable or illegal action changes nothing and does not count as a step.
+        The episode is truncated after ``config.max_steps`` valid steps.
+        """
+        parsed = self._parse_action(action) if isinstance(action, str) else None
+        if parsed is None:
+            return self._invalid(action, "unparsable action; " + self.action_help)
+        outcome = self._apply(parsed)
+        if isinstance(outcome, str):
+            return self._invalid(action, outcome)
+        reward, terminated = outcome
+        self.steps += 1
+        truncated = not terminated and self.steps >= self.config.max_steps
+        info = {"action_valid": True, "success": self.is_success(), "action": parsed}
+        return self.render(), float(reward), terminated, truncated, info
+
+    def state_text(self) -> str:
+        """The full state as the agent sees it in ``state`` mode: grid, then coordinates."""
+        return f"{self.render()}\n{self.describe()}"
+
+    # -- hooks --------------------------------------------------------------------
+    @abstractmethod
+    def _new_episode(self, rng: np.random.Generator) -> None:
+        """Generate a fresh episode from ``rng`` (seeded by ``reset``)."""
+
+    @abstractmethod
+    def _parse_action(self, text: str) -> Any | None:
+        """The action ``text`` names, or ``None``; must not raise on any string."""
+
+    @abstractmethod
+    def _apply(self, action: Any) -> tuple[float, bool] | str:
+        """Apply a parsed action: ``(reward, terminated)``, or a reason it is illegal."""
+
+    @abstractmethod
+    def is_success(self) -> bool:
+        """Whether the task is solved in the current state."""
+
+    @abstractmethod
+    def render(self) -> str:
+        """The raw text grid of the current state."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The 0-indexed (row, col) coordinate description of the key entities."""
+
+    @abstractmethod
+    def rules(self) -> str:
+        """A short statement of the task, the symbols and the actions, for prompts."""
+
+    def _invalid(self, action: Any, reason: str) -> tuple[str, float, bool, bool, dict]:
+        """The step result of an action that could not be applied: nothing changes."""
+        info = {"action_valid": False, "success": self.is_success(), "reason": reason,
+                "action": action}
+        return self.render(), 0.0, False, False, info
+
+
+# -- registry -----------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[TextEnv]] = {}
+
+
+def register(cls: type[TextEnv]) -> type[TextEnv]:
+    """Class decorator adding an environment to the registry under ``cls.name``."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"environment {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def env_names() -> list[str]:
+    """Names accepted by ``make``, sorted."""
+    return sorted(_REGISTRY)
+
+
+def env_class(name: str) -> type[TextEnv]:
+    """The class registered under ``name``; an unknown name lists the valid ones."""
+    try:
+        return _REGISTRY[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown environment {name!r}; valid names: {', '.join(env_names())}"
+        ) from None
+
+
+def make_config(name: str, **config: Any) -> Any:
+    """Build the typed ``Config`` of environment ``name`` from keyword arguments."""
+    cls = env_class(name)
+    valid = [f.name for f in dataclasses.fields(cls.Config)]
+    unknown = sorted(set(config) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for environment {cls.name!r}; "
+            f"valid options: {', '.join(valid)}"
+        )
+    return cls.Config(**config)
+
+
+def make(name: str, **config: Any) -> TextEnv:
+    """Create environment ``name`` (``sokoban``, ``frozenlake``, ``sudoku``) with options."""
+    return env_class(name)(make_config(name, **config))
+
+
+def config_defaults(name: str) -> list[tuple[str, Any, str]]:
+    """``(option, default, help)`` for every option of environment ``name``."""
+    cls = env_class(name)
+    return [
+        (f.name, f.default, f.metadata.get("help", ""))
+        for f in dataclasses.fields(cls.Config)
+    ]
+
+
+def field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors dataclasses.field
+    """A dataclass field with a default and a help text (shown by ``spa envs``)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def check_choice(option: str, value: Any, allowed: Any) -> None:
+    """Raise a ``ValueError`` naming the bad value and what is allowed."""
+    if value not in allowed:
+        raise ValueError(f"{option}={value!r} is not allowed; valid values: {allowed}")
+
+
+def check_range(option: str, value: Any, low: float, high: float) -> None:
+    """Raise a ``ValueError`` unless ``low <= value <= high``."""
+    if not (low <= value <= high):
+        raise ValueError(f"{option}={value!r} is out of range; allowed: {low} to {high}")

@@ -1,0 +1,66 @@
+"""What every environment promises, checked the same way for all of them."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spa import envs
+
+NAMES = ["sokoban", "frozenlake", "sudoku"]
+
+
+def test_registry_has_the_three_envs():
+    assert envs.env_names() == sorted(NAMES)
+
+
+def test_unknown_env_lists_valid_names():
+    with pytest.raises(ValueError, match="frozenlake, sokoban, sudoku"):
+        envs.make("chess")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unknown_option_lists_valid_options(name):
+    valid = [option for option, _, _ in envs.config_defaults(name)]
+    with pytest.raises(ValueError, match="unknown option.*'colour'") as error:
+        envs.make(name, colour="red")
+    assert "max_steps" in valid and all(option in str(error.value) for option in valid)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_option_has_help(name):
+    assert all(help_text for _, _, help_text in envs.config_defaults(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reset_is_deterministic_and_describes_the_state(name):
+    a, b = envs.make(name), envs.make(name)
+    obs_a, info = a.reset(seed=7)
+    obs_b, _ = b.reset(seed=7)
+    assert obs_a == obs_b == a.render() and a.describe() == b.describe()
+    assert info == {"action_valid": True, "success": False}
+    assert "(" in a.describe() and a.describe().endswith(".")
+    assert a.state_text() == f"{a.render()}\n{a.describe()}"
+    assert a.rules()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=150, deadline=None)
+@given(text=st.one_of(st.text(max_size=40), st.sampled_from(["", " ", "||", "1,1", "UP!!", "\x00"])))
+def test_step_never_raises_and_invalid_text_changes_nothing(name, text):
+    env = envs.make(name)
+    env.reset(seed=3)
+    before, steps = env.state_text(), env.steps
+    obs, reward, terminated, truncated, info = env.step(text)
+    assert isinstance(obs, str) and isinstance(reward, float)
+    assert set(info) >= {"action_valid", "success"}
+    if not info["action_valid"]:
+        assert env.state_text() == before and env.steps == steps
+        assert (reward, terminated, truncated) == (0.0, False, False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_string_actions_are_invalid(name):
+    env = envs.make(name)
+    env.reset(seed=0)
+    for action in (None, 3, b"Up", ["Up"]):
+        assert env.step(action)[4]["action_valid"] is False

@@ -1,0 +1,84 @@
+import json
+
+import pytest
+import torch
+
+from spa.models import loading
+from spa.models.loading import load_model
+
+
+@pytest.mark.slow
+def test_default_model_loads_from_package_and_cache_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPA_HOME", str(tmp_path))
+    model, tokenizer = load_model("smollm2-135m-instruct")
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    assert (target / "model.safetensors").is_file()
+    stamp = json.loads((target / "spa_converted.json").read_text())
+    assert stamp["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert model.dtype == torch.bfloat16
+    assert getattr(model, "hf_quantizer", None) is None
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the cached folder should have been reused")
+
+    monkeypatch.setattr(loading, "convert_gguf", no_conversion)
+    model2, _ = load_model("smollm2-135m-instruct", dtype="fp32")
+    assert getattr(model2, "hf_quantizer", None) is None
+    for (name, p1), (_, p2) in zip(model.named_parameters(), model2.named_parameters()):
+        torch.testing.assert_close(p1.float(), p2.to(torch.bfloat16).float(), msg=name)
+
+
+@pytest.mark.slow
+def test_default_model_generates_text(smollm):
+    model, tokenizer = smollm
+    messages = [
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "user", "content": "Say hello."}],
+    ]
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True
+    )
+    out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "4" in texts[0]
+    assert all(text.strip() for text in texts)
+
+
+def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPA_HOME", str(tmp_path))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loading.default_model_path()
+    models_dir = tmp_path / "models"
+    assert list(models_dir.iterdir()) == []  # neither the target nor a temporary folder
+
+
+def test_tiny_model_generates(tiny):
+    model, tokenizer = tiny
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    inputs = tokenizer(["hello there", "hi"], return_tensors="pt", padding=True)
+    out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert out.shape == (2, inputs["input_ids"].shape[1] + 5)
+
+
+@pytest.mark.parametrize("name", ["no-such-model", "someorg/no-such-model"])
+def test_unknown_name_lists_builtins_without_hanging(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct, tiny") as error:
+        load_model(name)
+    assert "not on this machine" in str(error.value)
+
+
+def test_missing_local_path_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="built-in names"):
+        load_model(str(tmp_path / "missing"))
+
+
+def test_bad_dtype_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown dtype 'int3'.*bf16"):
+        loading.resolve_dtype("int3")
