@@ -249,8 +249,9 @@ def test_rules_name_symbols_and_actions():
 
 @pytest.mark.parametrize("options,bad", [
     ({"dim": 3}, "dim"), ({"dim": 6.5}, "dim"), ({"dim": "6"}, "dim"),
-    ({"num_boxes": 0}, "num_boxes"), ({"num_boxes": 5}, "num_boxes"), ({"max_steps": 0}, "max_steps"),
-    ({"search_depth": 0}, "search_depth"), ({"walk_steps": -1}, "walk_steps"),
+    ({"num_boxes": 0}, "num_boxes"), ({"num_boxes": 5}, "num_boxes"),
+    ({"max_steps": 0}, "max_steps"), ({"search_depth": 0}, "search_depth"),
+    ({"walk_steps": -1}, "walk_steps"),
     ({"size": 6}, "size"),
 ])
 def test_bad_config_is_a_clear_error(options, bad):

@@ -109,7 +109,7 @@ def _reverse_play(
     start = tuple(sorted(targets))
     area = _reachable(player, adjacent, set(start))
     seen = {(start, min(area))}
-    tried = set()  # (boxes, player cell) already expanded: skips a flood fill
+    tried = set()  # (boxes, player cell) pairs already reached: skips their flood fill
     frontier = [(start, area)]
     best_score, best = (0, 0), []
     for level in range(1, depth + 1):
@@ -166,7 +166,7 @@ class Sokoban(TextEnv):
 
     def __init__(self, config: SokobanConfig | None = None) -> None:
         super().__init__(config)
-        self._rows: list[str] = []
+        self._height = self._width = 0
         self._walls: frozenset[Cell] = frozenset()
         self._targets: frozenset[Cell] = frozenset()
         self._boxes: set[Cell] = set()
@@ -298,11 +298,10 @@ class Sokoban(TextEnv):
         return TARGET if on_target else FLOOR
 
     def describe(self) -> str:
-        def cells(group: frozenset[Cell] | set[Cell]) -> str:
-            return ", ".join(f"({r},{c})" for r, c in sorted(group))
-
+        boxes, targets = (", ".join(f"({r},{c})" for r, c in sorted(group))
+                          for group in (self._boxes, self._targets))
         r, c = self._player
-        return f"Player at ({r},{c}); Box at {cells(self._boxes)}; Target at {cells(self._targets)}."
+        return f"Player at ({r},{c}); Box at {boxes}; Target at {targets}."
 
     def rules(self) -> str:
         return (
