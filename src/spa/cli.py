@@ -90,10 +90,36 @@ def play(
         console.print(f"episode over: {verdict}, total reward {total:+.2f}")
 
 
+ModelOption = typer.Option("smollm2-135m-instruct", "--model", "-m",
+                           help="Built-in name (smollm2-135m-instruct, tiny), local folder or hub id.")
+ModeOption = typer.Option("world_model", help="Prompt mode: base, state or world_model.")
+DtypeOption = typer.Option("bf16", help="Compute dtype: bf16 (fast on CPU), fp32 or fp16.")
+
+
+def load(model: str, dtype: str):
+    """Load a model, turning a bad name into a clean CLI error."""
+    from spa.models import load_model
+
+    try:
+        with console.status(f"loading {model}"):
+            return load_model(model, dtype=dtype, device="auto")
+    except (ValueError, FileNotFoundError) as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def prompt_config(mode: str, max_turns: int, max_actions: int, history_turns: int | None):
+    from spa.agent.prompts import PromptConfig
+
+    try:
+        return PromptConfig(mode, max_turns, max_actions, history_turns)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
 @app.command()
 def demo(
     env: str = typer.Option("sokoban", help=f"Environment: {', '.join(envs.env_names())}."),
-    model: str = typer.Option("smollm2-135m-instruct", help="Built-in name, local folder or hub id."),
+    model: str = ModelOption,
     episodes: int = typer.Option(2, min=1, help="Episodes to play."),
     turns: int = typer.Option(3, min=1, help="Turns per episode."),
     max_new_tokens: int = typer.Option(200, min=1, help="New-token cap per turn."),
@@ -101,27 +127,94 @@ def demo(
     option: list[str] = EnvOption,
 ) -> None:
     """A short self-play demo: the model plays in world-model mode at temperature 1."""
-    from spa.agent.demo import play_episode
-    from spa.models import load_model
+    from spa.agent.rollout import RolloutConfig, rollout
+    from spa.models.engine import Engine, SamplingParams
 
-    game = make_env(env, option)
-    with console.status(f"loading {model}"):
-        lm, tokenizer = load_model(model)
-    solved = 0
-    for episode in range(episodes):
-        console.rule(f"{env}, episode {episode + 1} (seed {seed + episode})")
-        turns_played, success = play_episode(
-            lm, tokenizer, game, seed + episode, max_turns=turns, max_new_tokens=max_new_tokens
-        )
-        for i, turn in enumerate(turns_played, 1):
-            console.print(f"[bold]turn {i}[/bold] state:\n{turn.state}", highlight=False)
+    make_env(env, option)  # validates the options before the model loads
+    lm, tokenizer = load(model, "bf16")
+    config = RolloutConfig(env, parse_options(option), prompt_config("world_model", turns, 3, 0))
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    trajectories = rollout(Engine(lm, tokenizer), tokenizer, list(range(seed, seed + episodes)), 1,
+                           config, sampling)
+    for trajectory in trajectories:
+        console.rule(f"{env}, seed {trajectory.seed}")
+        for i, turn in enumerate(trajectory.turns, 1):
+            console.print(f"[bold]turn {i}[/bold] state:\n{turn.state_before}", highlight=False)
             console.print(f"[yellow]model:[/yellow] {turn.response}", highlight=False)
-            console.print(
-                f"format ok: {turn.format_ok}; actions: {turn.actions}; rewards: {turn.rewards}"
-            )
-        solved += success
-        console.print("solved" if success else "not solved")
+            console.print(f"format ok: {turn.format_ok}; actions: {turn.actions} "
+                          f"(valid: {turn.actions_valid}); reward: {turn.reward:+.2f}")
+        console.print("solved" if trajectory.success else "not solved")
+    solved = sum(t.success for t in trajectories)
     console.print(f"\n{solved}/{episodes} episodes solved")
+
+
+@app.command("eval")
+def evaluate_command(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    model: str = ModelOption,
+    mode: str = ModeOption,
+    num_envs: int = typer.Option(128, min=1, help="Evaluation seeds (fixed, disjoint from training)."),
+    samples: int = typer.Option(8, min=1, help="Samples per seed (Pass@k uses k <= samples)."),
+    temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature; 0 is greedy."),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    history_turns: int = typer.Option(0, min=-1, help="Earlier turns kept in the prompt; -1 keeps all."),
+    max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
+    dtype: str = DtypeOption,
+    seed: int = typer.Option(0, help="Sampling seed."),
+    out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE)."),
+    option: list[str] = EnvOption,
+) -> None:
+    """Evaluate a model: Pass@k, valid rates and (world_model mode) world-model accuracy."""
+    from spa.eval.evaluate import EvalConfig, evaluate, metric_rows
+
+    make_env(env, option)
+    prompt = prompt_config(mode, max_turns, max_actions, None if history_turns < 0 else history_turns)
+    config = EvalConfig(env, parse_options(option), prompt, num_envs, samples, temperature, top_p,
+                        max_new_tokens, seed=seed)
+    lm, tokenizer = load(model, dtype)
+    out_dir = out or f"evals/{env}-{mode}"
+    metrics = evaluate(lm, tokenizer, config, out_dir, model_name=model)
+    table = Table(title=f"{model} on {env} ({mode}), {num_envs} seeds x {samples} samples")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in metric_rows(metrics):
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"{metrics['wall_seconds']} s; wrote {out_dir}/metrics.json, report.md, trajectories.jsonl")
+
+
+@app.command()
+def ppl(
+    env: list[str] = typer.Option(None, "--env", "-e", help="Environment(s); default: all."),
+    model: str = ModelOption,
+    num_states: int = typer.Option(128, min=1, help="States per environment."),
+    dtype: str = typer.Option("fp32", help="Compute dtype (fp32 default: perplexity is a precise number)."),
+    out: str = typer.Option(None, help="Also write the results as JSON here."),
+) -> None:
+    """State perplexity of raw grids vs grids with coordinates (the paper's Table 1)."""
+    from spa.eval.perplexity import sample_states, state_perplexity
+    from spa.io import write_json
+
+    names = env or envs.env_names()
+    for name in names:
+        make_env(name, None)  # a bad name fails before the model loads
+    lm, tokenizer = load(model, dtype)
+    table = Table(title=f"State perplexity of {model} ({num_states} states each)")
+    for column in ("env", "raw grid", "grid + coordinates", "state tokens (raw / structured)"):
+        table.add_column(column)
+    results = {}
+    for name in names:
+        states = sample_states(name, num_states)
+        raw = state_perplexity(lm, tokenizer, states, structured=False)
+        structured = state_perplexity(lm, tokenizer, states, structured=True)
+        results[name] = {"raw": raw, "structured": structured}
+        table.add_row(name, f"{raw['ppl']:.1f}", f"{structured['ppl']:.1f}",
+                      f"{raw['state_tokens']} / {structured['state_tokens']}")
+    console.print(table)
+    if out:
+        write_json(out, {"model": model, "num_states": num_states, "results": results})
 
 
 if __name__ == "__main__":

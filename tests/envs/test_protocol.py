@@ -64,3 +64,18 @@ def test_non_string_actions_are_invalid(name):
     env.reset(seed=0)
     for action in (None, 3, b"Up", ["Up"]):
         assert env.step(action)[4]["action_valid"] is False
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_actions_are_valid(name):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    env = envs.make(name)
+    for seed in range(20):
+        env.reset(seed=seed)
+        for _ in range(5):
+            _, _, terminated, truncated, info = env.step(env.random_action(rng))
+            assert info["action_valid"]
+            if terminated or truncated:
+                break

@@ -93,6 +93,10 @@ class TextEnv(gym.Env, ABC):
         """Apply a parsed action: ``(reward, terminated)``, or a reason it is illegal."""
 
     @abstractmethod
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A random action that is valid in the current state (random exploration)."""
+
+    @abstractmethod
     def is_success(self) -> bool:
         """Whether the task is solved in the current state."""
 

@@ -192,6 +192,9 @@ class FrozenLakeEnv(TextEnv):
     def _ended(self) -> bool:
         return self._pos == self._goal or bool(self._holes[self._pos])
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        return ACTIONS[int(rng.integers(len(ACTIONS)))]
+
     def is_success(self) -> bool:
         return self._pos == self._goal
 

@@ -277,6 +277,9 @@ class Sokoban(TextEnv):
         solved = self.is_success()
         return reward + SOLVED_REWARD * solved, solved
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        return list(MOVES)[int(rng.integers(len(MOVES)))].capitalize()
+
     def is_success(self) -> bool:
         return self._boxes == self._targets
 

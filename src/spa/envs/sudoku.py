@@ -210,6 +210,13 @@ class SudokuEnv(TextEnv):
         solved = self.is_success()
         return (1.0 if solved else 0.0), solved
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A random value in a random non-clue cell (1-indexed, as actions are written)."""
+        n = len(self.board)
+        free = [(r, c) for r in range(n) for c in range(n) if (r, c) not in self.clues]
+        r, c = free[int(rng.integers(len(free)))]
+        return f"{r + 1},{c + 1},{int(rng.integers(1, n + 1))}"
+
     def is_success(self) -> bool:
         return self.board == self.solution
 

@@ -1,0 +1,175 @@
+"""Batched multi-turn rollouts: many environments side by side, one generation per turn.
+
+Each turn, every unfinished episode contributes one prompt, and all of them are
+generated in one batched call to the engine. The parsed actions are applied in order;
+a turn with no valid action costs the format penalty. An episode ends when the
+environment terminates or truncates, after ``max_turns`` turns, or once it has used
+``max_actions`` actions.
+
+Groups: ``samples`` episodes share each seed (the same level), which Pass@k and
+PPO/GRPO groups need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from spa.agent.parsing import parse_response
+from spa.agent.prompts import PromptConfig, build_messages, state_block
+from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds  # noqa: F401 (re-exported)
+from spa.envs import make
+from spa.models.engine import Engine, SamplingParams
+
+@dataclass
+class Turn:
+    """One assistant turn: what was asked, what was answered, what happened."""
+
+    prompt_messages: list[dict]
+    prompt_ids: list[int]
+    response: str
+    response_ids: list[int]
+    logprobs: list[float]  # sampling log-prob of each response token
+    finish_reason: str
+    think: str
+    observation: str
+    prediction: str
+    answer: str
+    actions: list[str]
+    actions_valid: list[bool]
+    format_ok: bool
+    state_before: str  # grid + coordinates before the turn
+    grid_before: str
+    state_after: str  # grid + coordinates after the turn's actions
+    grid_after: str
+    env_reward: float  # sum of the environment's rewards over the turn's actions
+    reward: float  # env_reward plus the format penalty, if any
+
+    @property
+    def any_valid(self) -> bool:
+        return any(self.actions_valid)
+
+
+@dataclass
+class Trajectory:
+    """One episode of one environment."""
+
+    env: str
+    env_config: dict[str, Any]
+    seed: int
+    group: int  # index of the seed in the rollout: samples of a group share a level
+    sample: int
+    mode: str
+    turns: list[Turn] = field(default_factory=list)
+    success: bool = False
+    terminated: bool = False
+
+    @property
+    def total_reward(self) -> float:
+        return sum(turn.reward for turn in self.turns)
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(turn.actions_valid) for turn in self.turns)
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        record["total_reward"] = self.total_reward
+        return record
+
+
+@dataclass
+class RolloutConfig:
+    """Everything a rollout needs besides the model and the seeds."""
+
+    env: str = "sokoban"
+    env_config: dict[str, Any] = field(default_factory=dict)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    max_actions: int | None = None  # actions per episode; None: max_turns x per-turn cap
+    format_penalty: float = -0.1  # added to a turn that applied no valid action
+
+
+def rollout(
+    engine: Engine,
+    tokenizer,
+    seeds: list[int],
+    samples: int,
+    config: RolloutConfig,
+    sampling: SamplingParams,
+    on_turn: Callable[[int, int], None] | None = None,
+) -> list[Trajectory]:
+    """Play ``samples`` episodes of every seed; returns them grouped by seed, in order.
+
+    ``on_turn(turn, active)`` is called before each turn's generation (progress display).
+    """
+    prompt_cfg = config.prompt
+    max_actions = config.max_actions or prompt_cfg.max_turns * prompt_cfg.max_actions_per_turn
+    envs, trajectories = [], []
+    for group, seed in enumerate(seeds):
+        for sample in range(samples):
+            env = make(config.env, **config.env_config)
+            env.reset(seed=seed)
+            envs.append(env)
+            trajectories.append(
+                Trajectory(config.env, dict(config.env_config), seed, group, sample, prompt_cfg.mode)
+            )
+    histories: list[list[tuple[str, str, float]]] = [[] for _ in envs]
+    active = list(range(len(envs)))
+    for turn_index in range(prompt_cfg.max_turns):
+        if not active:
+            break
+        if on_turn is not None:
+            on_turn(turn_index, len(active))
+        messages = [build_messages(envs[i], prompt_cfg, histories[i]) for i in active]
+        prompt_ids = [
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages
+        ]
+        prompt_ids = [ids["input_ids"] if hasattr(ids, "keys") else list(ids) for ids in prompt_ids]
+        generations = engine.generate(prompt_ids, sampling)
+        still_active = []
+        for i, msgs, ids, gen in zip(active, messages, prompt_ids, generations):
+            env, trajectory = envs[i], trajectories[i]
+            budget = max_actions - trajectory.num_actions
+            shown = shown_state(env, prompt_cfg)
+            turn, done = _play_turn(env, msgs, ids, gen, prompt_cfg, budget, config.format_penalty)
+            trajectory.turns.append(turn)
+            histories[i].append((shown, turn.response, turn.reward))
+            trajectory.success = env.is_success()
+            trajectory.terminated = done
+            if not done and trajectory.num_actions < max_actions:
+                still_active.append(i)
+        active = still_active
+    return trajectories
+
+
+def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget: int,
+               format_penalty: float) -> tuple[Turn, bool]:
+    """Apply one response's actions to ``env``; returns the turn and whether the episode ended."""
+    parsed = parse_response(generation.text, world_model=cfg.world_model,
+                            max_actions=min(cfg.max_actions_per_turn, budget))
+    state_before, grid_before = env.state_text(), env.render()
+    env_reward, valid, done = 0.0, [], False
+    for action in parsed.actions:
+        _, reward, terminated, truncated, info = env.step(action)
+        env_reward += reward
+        valid.append(bool(info["action_valid"]))
+        if terminated or truncated:
+            done = True
+            break
+    penalty = 0.0 if any(valid) else format_penalty
+    turn = Turn(
+        prompt_messages=messages, prompt_ids=list(prompt_ids), response=generation.text,
+        response_ids=list(generation.token_ids), logprobs=list(generation.logprobs),
+        finish_reason=generation.finish_reason, think=parsed.think,
+        observation=parsed.observation, prediction=parsed.prediction, answer=parsed.answer,
+        actions=parsed.actions[: len(valid)], actions_valid=valid, format_ok=parsed.format_ok,
+        state_before=state_before, grid_before=grid_before,
+        state_after=env.state_text(), grid_after=env.render(),
+        env_reward=env_reward, reward=env_reward + penalty,
+    )
+    return turn, done
+
+
+def shown_state(env, cfg: PromptConfig) -> str:
+    """The state text the prompt of ``cfg.mode`` shows for the current state of ``env``."""
+    return state_block(env.state_text(), env.render(), cfg.mode)

@@ -1,0 +1,1 @@
+"""Evaluation: Pass@k, world-model accuracy, state perplexity."""

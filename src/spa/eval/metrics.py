@@ -1,0 +1,109 @@
+"""Metrics over rollouts: unbiased Pass@k and world-model accuracy of predicted states."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from statistics import mean
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from ``n`` samples of which ``c`` succeeded (Chen et al., 2021).
+
+    ``pass@k = 1 - C(n - c, k) / C(n, k)``: the probability that at least one of ``k``
+    samples drawn without replacement from the ``n`` is a success. Computed as a product
+    so large ``n`` does not overflow.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def _lines(text: str) -> list[str]:
+    """Non-empty lines with runs of whitespace collapsed (formatting is not content)."""
+    return [" ".join(line.split()) for line in text.strip().splitlines() if line.strip()]
+
+
+def exact_match(predicted: str, truth: str) -> bool:
+    """Whether two state texts agree line by line, ignoring blank lines and spacing."""
+    return _lines(predicted) == _lines(truth)
+
+
+def _cells(row: str, spaced: bool) -> list[str]:
+    return row.split() if spaced else list(row.replace(" ", ""))
+
+
+def cell_accuracy(predicted: str, true_grid: str) -> float:
+    """Fraction of the true grid's cells that the predicted text reproduces in place.
+
+    The predicted grid is the first rows of the prediction (as many as the true grid
+    has); a missing row or cell counts as wrong, extra ones are ignored. Cells are
+    characters, or whitespace-separated tokens when the true grid is written that way
+    (Sudoku).
+    """
+    truth_rows = _lines(true_grid)
+    if not truth_rows:
+        return 0.0
+    spaced = " " in truth_rows[0]
+    pred_rows = _lines(predicted)[: len(truth_rows)]
+    total = correct = 0
+    for i, row in enumerate(truth_rows):
+        truth_cells = _cells(row, spaced)
+        pred_cells = _cells(pred_rows[i], spaced) if i < len(pred_rows) else []
+        total += len(truth_cells)
+        correct += sum(p == t for p, t in zip(pred_cells, truth_cells))
+    return correct / total
+
+
+def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
+    """Success, Pass@k (per group of samples sharing a seed) and per-turn rates.
+
+    World-model accuracy is included when the trajectories were played in
+    ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
+    the state before each turn and of ``<prediction>`` against the state after it.
+    """
+    groups: dict[int, list[bool]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group].append(trajectory.success)
+    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    actions = [valid for turn in turns for valid in turn.actions_valid]
+    n = min(len(outcomes) for outcomes in groups.values())
+    result = {
+        "episodes": len(trajectories),
+        "groups": len(groups),
+        "samples_per_group": n,
+        "success_rate": mean(t.success for t in trajectories),
+        "pass_at_k": {
+            f"pass@{k}": mean(pass_at_k(len(o), sum(o), k) for o in groups.values())
+            for k in ks if k <= n
+        },
+        "mean_reward": mean(t.total_reward for t in trajectories),
+        "mean_turns": mean(len(t.turns) for t in trajectories),
+        "mean_actions": mean(t.num_actions for t in trajectories),
+        "format_valid_rate": mean(turn.format_ok for turn in turns) if turns else 0.0,
+        "action_valid_rate": mean(actions) if actions else 0.0,
+        "mean_response_tokens": mean(len(turn.response_ids) for turn in turns) if turns else 0.0,
+    }
+    if trajectories and trajectories[0].mode == "world_model" and turns:
+        result["world_model"] = world_model_accuracy(turns)
+    return result
+
+
+def world_model_accuracy(turns) -> dict:
+    """Observation / prediction exact match and per-cell accuracy over ``turns``."""
+    return {
+        "observation_exact": mean(exact_match(t.observation, t.state_before) for t in turns),
+        "prediction_exact": mean(exact_match(t.prediction, t.state_after) for t in turns),
+        "observation_cell_acc": mean(cell_accuracy(t.observation, t.grid_before) for t in turns),
+        "prediction_cell_acc": mean(cell_accuracy(t.prediction, t.grid_after) for t in turns),
+        "observation_grid_exact": mean(_grid_exact(t.observation, t.grid_before) for t in turns),
+        "prediction_grid_exact": mean(_grid_exact(t.prediction, t.grid_after) for t in turns),
+    }
+
+
+def _grid_exact(predicted: str, true_grid: str) -> bool:
+    """Whether the first rows of the predicted text are exactly the true grid."""
+    rows = len(_lines(true_grid))
+    return _lines(predicted)[:rows] == _lines(true_grid)
