@@ -1,8 +1,15 @@
+import json
+
 from typer.testing import CliRunner
 
 from spa.cli import app
 
 runner = CliRunner()
+
+
+def flat(output: str) -> str:
+    """CLI output with rich's panel borders and line wrapping removed."""
+    return " ".join(output.replace("│", " ").split())
 
 
 def test_envs_lists_every_env_with_defaults():
@@ -27,11 +34,11 @@ def test_play_quit_command():
 
 def test_play_rejects_bad_options_with_a_clear_message():
     result = runner.invoke(app, ["play", "sokoban", "-o", "dim=2"], terminal_width=200)
-    assert result.exit_code == 2 and "dim=2" in result.output
+    assert result.exit_code == 2 and "dim=2" in flat(result.output)
     result = runner.invoke(app, ["play", "sokoban", "-o", "nokey"], terminal_width=200)
-    assert result.exit_code == 2 and "key=value" in result.output
+    assert result.exit_code == 2 and "key=value" in flat(result.output)
     result = runner.invoke(app, ["play", "tetris"], terminal_width=200)
-    assert result.exit_code == 2 and "sokoban" in result.output
+    assert result.exit_code == 2 and "sokoban" in flat(result.output)
 
 
 def test_demo_runs_on_the_tiny_model():
@@ -40,4 +47,35 @@ def test_demo_runs_on_the_tiny_model():
               "--max-new-tokens", "8"],
     )
     assert result.exit_code == 0, result.output
-    assert "episode 1" in result.output and "0/1 episodes solved" in result.output
+    assert "sudoku, seed 0" in result.output and "0/1 episodes solved" in result.output
+
+
+def test_eval_writes_metrics_report_and_trajectories(tmp_path):
+    out = tmp_path / "eval"
+    result = runner.invoke(
+        app, ["eval", "--model", "tiny", "--env", "frozenlake", "--num-envs", "2", "--samples", "2",
+              "--max-turns", "2", "--max-new-tokens", "6", "--out", str(out)], terminal_width=200,
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["episodes"] == 4 and set(metrics["pass_at_k"]) == {"pass@1", "pass@2"}
+    assert "observation_exact" in metrics["world_model"]
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["seed"] >= 10_000_000
+    assert "| success rate (Pass@1) |" in (out / "report.md").read_text()
+    assert "pass@2" in result.output
+
+
+def test_eval_rejects_a_bad_mode():
+    result = runner.invoke(app, ["eval", "--model", "tiny", "--env", "sokoban", "--mode", "dream"],
+                           terminal_width=200)
+    assert result.exit_code == 2 and "base, state, world_model" in flat(result.output)
+
+
+def test_ppl_prints_raw_and_structured(tmp_path):
+    out = tmp_path / "ppl.json"
+    result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--num-states", "2",
+                                 "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())["results"]["sudoku"]
+    assert results["raw"]["ppl"] > 1 and results["structured"]["states"] == 2

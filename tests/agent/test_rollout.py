@@ -47,19 +47,19 @@ def test_turns_rewards_and_states_are_recorded(tiny):
         [wm("Down || Right"), wm("Up")],
     ]
     engine = ScriptedEngine(tokenizer, script)
-    config = RolloutConfig("frozenlake", FL, PromptConfig(max_turns=4, max_actions_per_turn=2))
+    config = RolloutConfig("frozenlake", FL, PromptConfig(max_turns=3, max_actions_per_turn=2))
     good, bad = rollout(engine, tokenizer, [5], 2, config, SamplingParams())
     assert engine.calls == 3
     assert good.success and good.terminated and len(good.turns) == 3
     assert [t.reward for t in good.turns] == [0.0, 0.0, 1.0]
-    assert good.turns[2].state_after.splitlines()[3] == "_O_√"
+    assert good.turns[2].state_after.splitlines()[3] == "O__√"
     assert good.turns[0].state_before.startswith("P___") and good.turns[0].grid_before.startswith("P___")
     assert good.turns[0].grid_after.splitlines()[2] == "P__O"
     # Format penalty for turns without a valid action; the third turn's "Up" is valid.
     assert [t.reward for t in bad.turns] == [-0.1, -0.1, 0.0]
-    assert [t.format_ok for t in bad.turns] == [False, True, True]
+    assert [t.format_ok for t in bad.turns] == [False, False, True]  # world_model needs states
     assert bad.turns[1].actions_valid == [False]
-    assert not bad.success and len(bad.turns) == 3  # max_turns not reached: script ran out
+    assert not bad.success and not bad.terminated and len(bad.turns) == 3  # max_turns
     # Token bookkeeping: ids are the templated prompt, log-probs one per response token.
     turn = good.turns[0]
     assert tokenizer.decode(turn.prompt_ids).endswith("<|im_start|>assistant\n")
@@ -79,7 +79,7 @@ def test_episode_stops_at_max_turns_and_action_budget(tiny):
 
 def test_summary_counts_pass_at_k_per_group(tiny):
     _, tokenizer = tiny
-    script = [[wm("Down || Down"), "x", "x", "x"], [wm("Right || Right")], [wm("Down || Right")]]
+    script = [[wm(actions), "x", "x", "x"] for actions in ("Down || Down", "Right || Right", "Down || Right")]
     engine = ScriptedEngine(tokenizer, script)
     config = RolloutConfig("frozenlake", FL, PromptConfig(max_turns=3, max_actions_per_turn=2))
     trajectories = rollout(engine, tokenizer, [0, 1], 2, config, SamplingParams())
