@@ -1,38 +1,13 @@
 """Rollout bookkeeping with a scripted engine (exact control over every response)."""
 
-from dataclasses import dataclass
-
 import pytest
 
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
 from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds
 from spa.eval.metrics import summarize
-from spa.models.engine import Generation, SamplingParams
-
-
-@dataclass
-class ScriptedEngine:
-    """Answers every prompt with the next response of a script (one list per turn)."""
-
-    tokenizer: object
-    script: list[list[str]]
-    calls: int = 0
-
-    def generate(self, prompts, params, progress=False):
-        responses = self.script[self.calls]
-        self.calls += 1
-        assert len(responses) == len(prompts)
-        out = []
-        for text in responses:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append(Generation(ids, text, [-0.5] * len(ids), "stop"))
-        return out
-
-
-def wm(actions: str, obs: str = "", pred: str = "") -> str:
-    return (f"<think><observation>{obs}</observation>go<prediction>{pred}</prediction></think>"
-            f"<answer>{actions}</answer>")
+from spa.models.engine import SamplingParams
+from scripted import ScriptedEngine, wm
 
 
 FL = {"desc": "SFFF/FHFH/FFFH/HFFG", "is_slippery": False}
@@ -105,3 +80,27 @@ def test_seed_ranges_are_disjoint():
     assert max(train_seeds(1000)) < min(eval_seeds(128)) == EVAL_SEED_OFFSET
     with pytest.raises(ValueError, match="training seeds"):
         train_seeds(10, start=EVAL_SEED_OFFSET - 5)
+
+
+def test_recorded_logprobs_match_a_forward_pass_over_the_recorded_tokens(tiny):
+    """End to end with the real engine: ids and log-probs of every turn line up."""
+    import torch
+
+    from spa.models.engine import Engine
+
+    model, tokenizer = tiny
+    config = RolloutConfig("sokoban", {}, PromptConfig(mode="base", max_turns=2))
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=0)
+    trajectories = rollout(Engine(model, tokenizer), tokenizer, [0, 1], 2, config, sampling)
+    turns = [turn for t in trajectories for turn in t.turns]
+    assert len(turns) >= 4
+    for turn in turns:
+        assert turn.prompt_ids == tokenizer.apply_chat_template(
+            turn.prompt_messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        assert len(turn.logprobs) == len(turn.response_ids) > 0
+        ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(turn.prompt_ids):, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(turn.logprobs), expected, atol=2e-3, rtol=1e-3)

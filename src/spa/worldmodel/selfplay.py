@@ -1,0 +1,190 @@
+"""Self-play world-model data: the model plays, then its imagined states are corrected.
+
+The base model plays in ``world_model`` mode at temperature 1. For every assistant turn,
+the text inside ``<observation>`` is replaced by the true state before the turn and the
+text inside ``<prediction>`` by the true state after the turn's actions, in exactly the
+format the prompt shows states (grid, then coordinates). Each corrected turn becomes one
+SFT example: the prompt messages and the corrected response.
+
+Ablation switches, each one of the paper's experiments:
+
+* ``states="self_belief"``: keep the model's own imagined states (no replacement).
+* ``exploration="random"``: random valid actions with a templated think text instead of
+  the model's own play.
+* ``coords="random"``: coordinates well-formed but random (the collapse experiment).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spa.agent.parsing import ACTION_SEPARATOR
+from spa.agent.prompts import PromptConfig, build_messages
+from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
+from spa.agent.seeds import train_seeds
+from spa.envs import make
+
+STATES = ("ground_truth", "self_belief")
+EXPLORATION = ("self_play", "random")
+COORDS = ("true", "random")
+
+_COORD = re.compile(r"\((\d+),\s*(\d+)\)")
+
+
+@dataclass
+class SelfPlayConfig:
+    """What data to collect and how to turn it into SFT examples."""
+
+    env: str = "sokoban"
+    env_config: dict[str, Any] = field(default_factory=dict)
+    episodes: int = 1280  # paper: 1,280 (160 seeds x 8 samples)
+    samples: int = 8  # episodes per seed
+    seed_start: int = 0  # first training seed
+    max_turns: int = 5
+    max_actions_per_turn: int = 3
+    max_new_tokens: int = 400
+    temperature: float = 1.0
+    states: str = "ground_truth"  # ground_truth | self_belief
+    exploration: str = "self_play"  # self_play | random
+    coords: str = "true"  # true | random
+    drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
+    seed: int = 0  # sampling / random-exploration seed
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
+        if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
+            raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
+
+    @property
+    def prompt(self) -> PromptConfig:
+        return PromptConfig("world_model", self.max_turns, self.max_actions_per_turn, history_turns=0)
+
+
+def replace_span(text: str, tag: str, content: str) -> str:
+    """``text`` with the content of its first ``<tag>...</tag>`` replaced by ``content``."""
+    start = text.find(f"<{tag}>")
+    end = text.find(f"</{tag}>", start)
+    if start < 0 or end < 0:
+        raise ValueError(f"no <{tag}> span in the response")
+    return text[: start + len(tag) + 2] + content + text[end:]
+
+
+def randomize_coordinates(state: str, rows: int, cols: int, rng: np.random.Generator) -> str:
+    """Every ``(r,c)`` in ``state`` replaced by a random in-grid coordinate (same format)."""
+    return _COORD.sub(lambda _: f"({int(rng.integers(rows))},{int(rng.integers(cols))})", state)
+
+
+def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Generator) -> str:
+    """The turn's response with the true states in place of the imagined ones.
+
+    The answer is rewritten to the actions that were applied, so that the prediction
+    (the state after them) matches it even when the model wrote more actions than
+    the per-turn cap.
+    """
+    response = turn.response
+    think_end = response.find("</think>")
+    answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(turn.actions)}</answer>"
+    response = response[: think_end + len("</think>")] + answer
+    if config.states == "self_belief":
+        return response
+    before, after = turn.state_before, turn.state_after
+    if config.coords == "random":
+        rows = len(turn.grid_before.splitlines())
+        cols = max(len(row.split()) if " " in row else len(row) for row in turn.grid_before.splitlines())
+        before = randomize_coordinates(before, rows, cols, rng)
+        after = randomize_coordinates(after, rows, cols, rng)
+    response = replace_span(response, "observation", before)
+    return replace_span(response, "prediction", after)
+
+
+def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Trajectory]:
+    """Episodes of random valid actions with a templated response (the exploration ablation)."""
+    rng = np.random.default_rng(config.seed)
+    trajectories = []
+    for group, env_seed in enumerate(seeds):
+        for sample in range(config.samples):
+            env = make(config.env, **config.env_config)
+            env.reset(seed=env_seed)
+            trajectory = Trajectory(config.env, dict(config.env_config), env_seed, group, sample, "world_model")
+            for _ in range(config.max_turns):
+                messages = build_messages(env, config.prompt)
+                state_before, grid_before = env.state_text(), env.render()
+                actions, rewards, done = [], 0.0, False
+                for _ in range(int(rng.integers(1, config.max_actions_per_turn + 1))):
+                    action = env.random_action(rng)
+                    _, reward, terminated, truncated, _ = env.step(action)
+                    actions.append(action)
+                    rewards += reward
+                    if terminated or truncated:
+                        done = True
+                        break
+                joined = f" {ACTION_SEPARATOR} ".join(actions)
+                response = (f"<think><observation>{state_before}</observation> I will try {joined}. "
+                            f"<prediction>{env.state_text()}</prediction></think><answer>{joined}</answer>")
+                trajectory.turns.append(Turn(
+                    prompt_messages=messages, prompt_ids=[], response=response, response_ids=[],
+                    logprobs=[], finish_reason="stop", think="", observation=state_before,
+                    prediction=env.state_text(), answer=joined, actions=actions,
+                    actions_valid=[True] * len(actions), format_ok=True, state_before=state_before,
+                    grid_before=grid_before, state_after=env.state_text(), grid_after=env.render(),
+                    env_reward=rewards, reward=rewards,
+                ))
+                if done:
+                    break
+            trajectory.success, trajectory.terminated = env.is_success(), done
+            trajectories.append(trajectory)
+    return trajectories
+
+
+def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Trajectory]:
+    """Play the training seeds: the model in world-model mode, or random actions."""
+    seeds = train_seeds(config.episodes // config.samples, config.seed_start)
+    if config.exploration == "random":
+        return random_exploration(config, seeds)
+    from spa.models.engine import SamplingParams
+
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                              seed=config.seed)
+    rollout_config = RolloutConfig(config.env, config.env_config, config.prompt)
+    return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn)
+
+
+def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tuple[list[dict], dict]:
+    """SFT examples (one per kept turn) and counts of what was kept and dropped."""
+    rng = np.random.default_rng(config.seed + 1)
+    counts: Counter[str] = Counter()
+    examples = []
+    for trajectory in trajectories:
+        for index, turn in enumerate(trajectory.turns):
+            counts["turns"] += 1
+            if not turn.format_ok:
+                counts["dropped_malformed"] += 1
+                continue
+            if config.drop_no_valid_action and not turn.any_valid:
+                counts["dropped_no_valid_action"] += 1
+                continue
+            counts["kept"] += 1
+            examples.append({
+                "messages": turn.prompt_messages,
+                "response": corrected_response(turn, config, rng),
+                "env": trajectory.env, "seed": trajectory.seed, "sample": trajectory.sample,
+                "turn": index, "actions": turn.actions,
+                "state_before": turn.state_before, "state_after": turn.state_after,
+            })
+    stats = {
+        "episodes": len(trajectories),
+        "success_rate": sum(t.success for t in trajectories) / max(len(trajectories), 1),
+        "turns": counts["turns"],
+        "kept": counts["kept"],
+        "dropped_malformed": counts["dropped_malformed"],
+        "dropped_no_valid_action": counts["dropped_no_valid_action"],
+        "config": asdict(config),
+    }
+    return examples, stats

@@ -1,0 +1,255 @@
+"""World-model SFT: masked cross-entropy on the corrected self-play turns.
+
+The loop, top to bottom: load and tokenize the data, split off a held-out set, then per
+epoch: length-bucketed batches (similar lengths together, so little compute goes to
+padding), masked loss with logits computed only at the trained positions (the
+vocabulary projection is a fifth of the model's compute and most of its activation
+memory), AdamW with linear warm-up and cosine decay, gradient accumulation; after the
+epoch, validation loss and next-state prediction exact match on the held-out set, and
+an atomic Hugging Face checkpoint. ``resume=True`` continues after the last complete
+epoch with the optimizer, scheduler and data order it had.
+
+Paper defaults: lr 1e-4, 5 epochs (more epochs help: 1 epoch gives 29.2/52.7 vs 5
+epochs 59.8/69.5 Sokoban Pass@1/Pass@8).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from spa.eval.metrics import exact_match
+from spa.io import write_json
+from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
+
+
+@dataclass
+class SFTConfig:
+    """Hyper-parameters of world-model SFT (paper defaults where the paper gives them)."""
+
+    lr: float = 1e-4  # paper: 1e-4
+    epochs: int = 5  # paper: 5
+    batch_size: int = 8  # sequences per optimizer micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    warmup_ratio: float = 0.1  # linear warm-up over this fraction of steps, then cosine
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int = 2048  # longer examples are dropped (counted in the stats)
+    mask_states: bool = False  # the release's behaviour / "no transition learning" ablation
+    val_fraction: float = 0.1  # held-out share of the examples
+    val_examples_generate: int = 64  # held-out examples used for next-state exact match
+    lora_rank: int = 0  # 0: full fine-tuning; >0: LoRA adapters of this rank (peft)
+    bf16: bool = True  # bf16 autocast on CPU (about 4x the fp32 matmul speed)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {"lr": self.lr > 0, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
+                  "grad_accum": self.grad_accum >= 1, "warmup_ratio": 0 <= self.warmup_ratio < 1,
+                  "val_fraction": 0 <= self.val_fraction < 1, "lora_rank": self.lora_rank >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
+
+
+def load_examples(path: str | Path) -> list[dict]:
+    """Read SFT examples (one JSON object per line, as ``spa selfplay`` writes them)."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def split(examples: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Train / held-out split by episode, so turns of one episode never straddle it."""
+    episodes = sorted({(e.get("seed"), e.get("sample")) for e in examples}, key=str)
+    rng = np.random.default_rng(seed)
+    held = {episodes[i] for i in rng.permutation(len(episodes))[: round(fraction * len(episodes))]}
+    train = [e for e in examples if (e.get("seed"), e.get("sample")) not in held]
+    return train, [e for e in examples if (e.get("seed"), e.get("sample")) in held]
+
+
+def length_buckets(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """Batches of indices with similar lengths, in random order.
+
+    Indices are shuffled, cut into chunks of 50 batches, sorted by length inside each
+    chunk and batched: padding stays small while every epoch still sees a new order.
+    """
+    order = rng.permutation(len(lengths))
+    chunk = batch_size * 50
+    batches = []
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start:start + chunk], key=lambda i: lengths[i])
+        batches += [list(part[i:i + batch_size]) for i in range(0, len(part), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def collate(batch: list[TokenizedExample], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded ids, attention mask and loss mask, each (B, T)."""
+    width = max(len(e) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(batch), width), dtype=torch.bool)
+    for row, example in enumerate(batch):
+        ids[row, : len(example)] = torch.tensor(example.input_ids)
+        attention[row, : len(example)] = 1
+        loss_mask[row, : len(example)] = torch.tensor(example.loss_mask)
+    return ids, attention, loss_mask
+
+
+def masked_lm_loss(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor
+                   ) -> tuple[torch.Tensor, int]:
+    """Sum of token cross-entropies over the masked targets, and their count.
+
+    Token ``t`` is predicted from the hidden state at ``t - 1``; the vocabulary
+    projection runs only on those positions.
+    """
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    targets = loss_mask[:, 1:]
+    logits = model.get_output_embeddings()(hidden[:, :-1][targets]).float()
+    loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][targets], reduction="sum")
+    return loss, int(targets.sum())
+
+
+def lr_lambda(total_steps: int, warmup_ratio: float):
+    """Linear warm-up, then cosine decay to zero, as a multiplier of the base lr."""
+    warmup = max(1, round(warmup_ratio * total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+@torch.no_grad()
+def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict], config: SFTConfig
+             ) -> dict:
+    """Held-out masked loss and next-state prediction exact match (greedy)."""
+    from spa.models.engine import Engine, SamplingParams
+
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(examples), config.batch_size):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and _on_cpu(model)):
+            loss, n = masked_lm_loss(model, *collate(examples[start:start + config.batch_size],
+                                                     tokenizer.pad_token_id))
+        total, count = total + loss.item(), count + n
+    # Next-state prediction: the held-out prompt and response up to <prediction> as the
+    # prefix, the model writes the state, compared with the true state after the turn.
+    probe = raw[: config.val_examples_generate]
+    prompts = []
+    for example in probe:
+        prompt = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
+        prefix = example["response"][: example["response"].find("<prediction>") + len("<prediction>")]
+        prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
+    params = SamplingParams(max_new_tokens=160, temperature=0.0, stop=("</prediction>",))
+    outputs = Engine(model, tokenizer).generate(prompts, params) if prompts else []
+    hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
+    return {"val_loss": total / max(count, 1), "val_prediction_exact": float(np.mean(hits)) if hits else 0.0,
+            "val_examples": len(examples)}
+
+
+def _on_cpu(model) -> bool:
+    return next(model.parameters()).device.type == "cpu"
+
+
+def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict]) -> Path:
+    """Write ``out/epoch-N`` atomically: weights (HF format), tokenizer, optimizer state."""
+    final = out / f"epoch-{epoch}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".epoch-{epoch}-", dir=out))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "epoch": epoch, "history": history}, tmp / "trainer_state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def last_checkpoint(out: Path) -> Path | None:
+    """The newest complete ``epoch-N`` folder in ``out``, if any."""
+    done = [p for p in out.glob("epoch-*") if (p / "trainer_state.pt").is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | Path,
+          resume_from: Path | None = None, progress: bool = True) -> list[dict]:
+    """Run world-model SFT; returns the per-epoch history (also in ``out/metrics.json``).
+
+    ``resume_from`` is a checkpoint folder whose weights ``model`` already holds; its
+    optimizer and scheduler state are restored and training continues with the next epoch.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    train_raw, val_raw = split(examples, config.val_fraction, config.seed)
+    train_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in train_raw]
+    val_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in val_raw]
+    too_long = sum(len(e) > config.max_length for e in train_set)
+    train_set = [e for e in train_set if len(e) <= config.max_length]
+    if not train_set:
+        raise ValueError("no training examples left (all held out or longer than max_length)")
+    lengths = [len(e) for e in train_set]
+    batches_per_epoch = math.ceil(len(train_set) / config.batch_size)
+    steps_per_epoch = math.ceil(batches_per_epoch / config.grad_accum)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(steps_per_epoch * config.epochs, config.warmup_ratio))
+    history: list[dict] = []
+    start_epoch = 0
+    if resume_from is not None:
+        state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        history, start_epoch = state["history"], state["epoch"]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and _on_cpu(model))
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress) as bar:
+        for epoch in range(start_epoch, config.epochs):
+            # The order depends only on (seed, epoch): a resumed run sees what it would have.
+            batches = length_buckets(lengths, config.batch_size, np.random.default_rng([config.seed, epoch]))
+            task = bar.add_task(f"epoch {epoch + 1}/{config.epochs}", total=len(batches), info="")
+            model.train()
+            start, tokens, loss_sum, loss_count = time.perf_counter(), 0, 0.0, 0
+            for first in range(0, len(batches), config.grad_accum):
+                group = [collate([train_set[i] for i in b], tokenizer.pad_token_id)
+                         for b in batches[first:first + config.grad_accum]]
+                # Normalise by all targets of the optimizer step, so accumulating k
+                # micro-batches gives exactly the gradient of one batch k times larger.
+                targets = sum(int(mask[:, 1:].sum()) for _, _, mask in group)
+                for ids, attention, mask in group:
+                    with autocast:
+                        loss, n = masked_lm_loss(model, ids, attention, mask)
+                    (loss / max(targets, 1)).backward()
+                    loss_sum, loss_count = loss_sum + loss.item(), loss_count + n
+                    tokens += int(attention.sum())
+                    bar.advance(task)
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                rate = tokens / (time.perf_counter() - start)
+                bar.update(task, info=f"loss {loss_sum / max(loss_count, 1):.3f}  {rate:.0f} tok/s")
+            seconds = time.perf_counter() - start
+            record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
+                      "tokens_per_second": tokens / seconds, "seconds": seconds,
+                      "lr": scheduler.get_last_lr()[0], "dropped_too_long": too_long,
+                      **validate(model, tokenizer, val_set, val_raw, config)}
+            history.append(record)
+            save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
+            write_json(out / "metrics.json", {"config": asdict(config), "epochs": history})
+    return history

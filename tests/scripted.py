@@ -1,0 +1,30 @@
+"""A generation engine that answers from a script: exact control over every response."""
+
+from dataclasses import dataclass
+
+from spa.models.engine import Generation
+
+
+@dataclass
+class ScriptedEngine:
+    """Answers the prompts of call ``i`` with ``script[i]`` (one response per prompt)."""
+
+    tokenizer: object
+    script: list[list[str]]
+    calls: int = 0
+
+    def generate(self, prompts, params, progress=False):
+        responses = self.script[self.calls]
+        self.calls += 1
+        assert len(responses) == len(prompts)
+        out = []
+        for text in responses:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(Generation(ids, text, [-0.5] * len(ids), "stop"))
+        return out
+
+
+def wm(actions: str, obs: str = "", pred: str = "") -> str:
+    """A well-formed world-model response."""
+    return (f"<think><observation>{obs}</observation>go<prediction>{pred}</prediction></think>"
+            f"<answer>{actions}</answer>")

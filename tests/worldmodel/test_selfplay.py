@@ -1,0 +1,82 @@
+import re
+
+import pytest
+
+from scripted import ScriptedEngine, wm
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect, randomize_coordinates
+
+FL = {"desc": "SFFF/FHFH/FFFH/HFFG", "is_slippery": False}
+
+
+def play(tiny, **overrides):
+    _, tokenizer = tiny
+    config = SelfPlayConfig(env="frozenlake", env_config=FL, episodes=2, samples=2, max_turns=2,
+                            max_actions_per_turn=2, **overrides)
+    script = [
+        [wm("Down || Down || Down", obs="imagined now", pred="imagined next"), "garbage"],
+        [wm("Right", obs="still imagined", pred="more imagination"), wm("Up")],
+    ]
+    trajectories = collect(ScriptedEngine(tokenizer, script), tokenizer, config)
+    return build_examples(trajectories, config)
+
+
+def test_ground_truth_replaces_both_states_and_filters_malformed(tiny):
+    examples, stats = play(tiny)
+    assert (stats["turns"], stats["kept"], stats["dropped_malformed"]) == (4, 3, 1)
+    first = examples[0]
+    # The answer is cut to the two applied actions, and the states are the true ones.
+    assert first["actions"] == ["Down", "Down"]
+    expected = (f"<think><observation>{first['state_before']}</observation>go<prediction>"
+                f"{first['state_after']}</prediction></think><answer>Down || Down</answer>")
+    assert first["response"] == expected
+    assert first["state_before"].startswith("P___") and first["state_after"].splitlines()[2] == "P__O"
+    assert "imagined" not in "".join(e["response"] for e in examples)
+    assert first["messages"][-1]["role"] == "user" and first["state_before"] in first["messages"][-1]["content"]
+
+
+def test_self_belief_keeps_the_imagined_states(tiny):
+    examples, _ = play(tiny, states="self_belief")
+    assert "<observation>imagined now</observation>" in examples[0]["response"]
+    assert "<prediction>imagined next</prediction>" in examples[0]["response"]
+
+
+def test_random_coords_keep_the_format_but_not_the_values(tiny):
+    examples, _ = play(tiny, coords="random")
+    coord = re.compile(r"\((\d+),(\d+)\)")
+    for example in examples:
+        observation = example["response"].split("<observation>")[1].split("</observation>")[0]
+        grid, description = observation.rsplit("\n", 1)
+        true_grid, true_description = example["state_before"].rsplit("\n", 1)
+        assert grid == true_grid  # only coordinates change
+        assert coord.sub("", description) == coord.sub("", true_description)
+        assert all(0 <= int(r) < 4 and 0 <= int(c) < 4 for r, c in coord.findall(description))
+    changed = [e for e in examples if e["state_before"] not in e["response"]]
+    assert changed  # with 6+ coordinates per state, some differ from the truth
+
+
+def test_random_exploration_writes_valid_templated_turns(tiny):
+    _, tokenizer = tiny
+    config = SelfPlayConfig(env="sokoban", episodes=4, samples=2, max_turns=3, exploration="random")
+    trajectories = collect(None, tokenizer, config)
+    examples, stats = build_examples(trajectories, config)
+    assert stats["episodes"] == 4 and stats["kept"] == stats["turns"] > 0
+    for example in examples:
+        assert example["response"].startswith(f"<think><observation>{example['state_before']}</observation>")
+        assert f"<prediction>{example['state_after']}</prediction>" in example["response"]
+        assert all(a in {"Up", "Down", "Left", "Right"} for a in example["actions"])
+
+
+def test_randomize_coordinates_is_seeded():
+    import numpy as np
+
+    text = "Player at (0,0); Goal at (3,3)."
+    a = randomize_coordinates(text, 4, 4, np.random.default_rng(1))
+    assert a == randomize_coordinates(text, 4, 4, np.random.default_rng(1))
+    assert re.fullmatch(r"Player at \(\d,\d\); Goal at \(\d,\d\)\.", a)
+
+
+def test_bad_switch_values_are_errors():
+    with pytest.raises(ValueError, match="states='dream'.*ground_truth, self_belief"):
+        SelfPlayConfig(states="dream")
+    with pytest.raises(ValueError, match="multiple of samples"):
+        SelfPlayConfig(episodes=10, samples=8)
