@@ -79,3 +79,29 @@ def test_ppl_prints_raw_and_structured(tmp_path):
     assert result.exit_code == 0, result.output
     results = json.loads(out.read_text())["results"]["sudoku"]
     assert results["raw"]["ppl"] > 1 and results["structured"]["states"] == 2
+
+
+def test_selfplay_random_exploration_then_sft_then_resume(tmp_path):
+    data = tmp_path / "fl.jsonl"
+    result = runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--episodes", "8",
+                                 "--samples", "2", "--max-turns", "2", "--exploration", "random"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "fl.stats.json").read_text())
+    assert stats["kept"] == len(data.read_text().splitlines()) > 0
+    out = tmp_path / "ckpt"
+    args = ["sft", "--model", "tiny", "--data", str(data), "--out", str(out), "--epochs", "1",
+            "--batch-size", "4", "--val-fraction", "0.25"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / "epoch-1" / "model.safetensors").is_file() and "epoch 1: train loss" in result.output
+    result = runner.invoke(app, args[:-6] + ["--epochs", "2", "--batch-size", "4", "--val-fraction", "0.25",
+                                             "--resume"])
+    assert result.exit_code == 0, result.output
+    assert "resuming from" in result.output and (out / "epoch-2").is_dir()
+    assert [e["epoch"] for e in json.loads((out / "metrics.json").read_text())["epochs"]] == [1, 2]
+
+
+def test_selfplay_rejects_bad_ablation_values(tmp_path):
+    result = runner.invoke(app, ["selfplay", "-e", "sokoban", "--out", str(tmp_path / "x.jsonl"),
+                                 "--coords", "fuzzy", "--exploration", "random"], terminal_width=200)
+    assert result.exit_code == 2 and "coords='fuzzy'" in flat(result.output)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -215,6 +217,94 @@ def ppl(
     console.print(table)
     if out:
         write_json(out, {"model": model, "num_states": num_states, "results": results})
+
+
+@app.command()
+def selfplay(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
+    model: str = ModelOption,
+    episodes: int = typer.Option(1280, min=1, help="Episodes (paper: 1,280 = 160 seeds x 8 samples)."),
+    samples: int = typer.Option(8, min=1, help="Episodes per training seed."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
+    states: str = typer.Option("ground_truth", help="ground_truth, or self_belief (ablation: no replacement)."),
+    exploration: str = typer.Option("self_play", help="self_play, or random (ablation: random actions)."),
+    coords: str = typer.Option("true", help="true, or random (ablation: random coordinates)."),
+    drop_no_valid_action: bool = typer.Option(False, help="Also drop turns whose actions all failed."),
+    dtype: str = DtypeOption,
+    seed: int = typer.Option(0, help="Sampling seed."),
+    option: list[str] = EnvOption,
+) -> None:
+    """Self-play world-model data: play, replace imagined states by true ones, write SFT examples."""
+    from spa.io import write_json, write_jsonl
+    from spa.models.engine import Engine
+    from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+
+    make_env(env, option)
+    try:
+        config = SelfPlayConfig(
+            env=env, env_config=parse_options(option), episodes=episodes, samples=samples,
+            max_turns=max_turns, max_actions_per_turn=max_actions, max_new_tokens=max_new_tokens,
+            states=states, exploration=exploration, coords=coords,
+            drop_no_valid_action=drop_no_valid_action, seed=seed)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    engine = tokenizer = None
+    if exploration == "self_play":
+        lm, tokenizer = load(model, dtype)
+        engine = Engine(lm, tokenizer)
+    start = time.perf_counter()
+    with console.status("self-play") as status:
+        trajectories = collect(engine, tokenizer, config, on_turn=lambda t, n: status.update(
+            f"self-play: turn {t + 1}/{max_turns}, {n} episodes playing"))
+    examples, stats = build_examples(trajectories, config)
+    stats["wall_seconds"] = round(time.perf_counter() - start, 1)
+    write_jsonl(out, examples)
+    write_json(Path(out).with_suffix(".stats.json"), stats)
+    console.print(f"{stats['kept']} examples from {stats['turns']} turns "
+                  f"({stats['dropped_malformed']} malformed, {stats['dropped_no_valid_action']} without a "
+                  f"valid action dropped); episode success {100 * stats['success_rate']:.1f}%; "
+                  f"{stats['wall_seconds']} s -> {out}")
+
+
+@app.command()
+def sft(
+    data: str = typer.Option(..., help="SFT examples (JSONL from spa selfplay)."),
+    out: str = typer.Option(..., help="Checkpoint folder (epoch-N subfolders, metrics.json)."),
+    model: str = ModelOption,
+    epochs: int = typer.Option(5, min=1, help="Epochs (paper: 5)."),
+    lr: float = typer.Option(1e-4, min=0.0, help="Peak learning rate (paper: 1e-4)."),
+    batch_size: int = typer.Option(8, min=1, help="Sequences per micro-batch."),
+    grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
+    mask_states: bool = typer.Option(False, help="Exclude observation/prediction contents from the loss (ablation)."),
+    val_fraction: float = typer.Option(0.1, min=0.0, max=0.9, help="Held-out share of episodes."),
+    max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
+    resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
+    seed: int = typer.Option(0, help="Data order and split seed."),
+) -> None:
+    """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
+    from spa.models import load_model
+    from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, train
+
+    if not Path(data).is_file():
+        raise typer.BadParameter(f"data file {data!r} does not exist")
+    config = SFTConfig(lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
+                       max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed)
+    checkpoint = last_checkpoint(Path(out)) if resume else None
+    if checkpoint is not None:
+        console.print(f"resuming from {checkpoint}")
+        # Weights are trained in fp32 with bf16 autocast; the checkpoint is the model to continue.
+        lm, tokenizer = load_model(str(checkpoint), dtype="fp32")
+    else:
+        lm, tokenizer = load(model, "fp32")
+    history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
+    for record in history:
+        console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "
+                      f"{record['val_loss']:.3f}, next-state exact {100 * record['val_prediction_exact']:.1f}%, "
+                      f"{record['tokens_per_second']:.0f} tok/s")
+    console.print(f"checkpoints in {out}/epoch-N (Hugging Face format)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class SFTConfig:
     mask_states: bool = False  # the release's behaviour / "no transition learning" ablation
     val_fraction: float = 0.1  # held-out share of the examples
     val_examples_generate: int = 64  # held-out examples used for next-state exact match
+    val_max_new_tokens: int = 160  # token cap when the model writes a held-out next state
     lora_rank: int = 0  # 0: full fine-tuning; >0: LoRA adapters of this rank (peft)
     bf16: bool = True  # bf16 autocast on CPU (about 4x the fp32 matmul speed)
     seed: int = 0
@@ -151,7 +152,7 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
         prompt = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
         prefix = example["response"][: example["response"].find("<prediction>") + len("<prediction>")]
         prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
-    params = SamplingParams(max_new_tokens=160, temperature=0.0, stop=("</prediction>",))
+    params = SamplingParams(max_new_tokens=config.val_max_new_tokens, temperature=0.0, stop=("</prediction>",))
     outputs = Engine(model, tokenizer).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
     return {"val_loss": total / max(count, 1), "val_prediction_exact": float(np.mean(hits)) if hits else 0.0,

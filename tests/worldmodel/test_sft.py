@@ -1,0 +1,103 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+from spa.worldmodel.sft import (SFTConfig, collate, last_checkpoint, length_buckets, masked_lm_loss,
+                                split, train)
+from spa.worldmodel.tokenize import tokenize_example
+
+
+def random_play_examples(tokenizer, episodes=8, max_turns=2):
+    config = SelfPlayConfig(env="frozenlake", episodes=episodes, samples=2, max_turns=max_turns,
+                            exploration="random")
+    examples, _ = build_examples(collect(None, tokenizer, config), config)
+    return examples
+
+
+def test_accumulating_4_batches_of_1_equals_one_batch_of_4(tiny):
+    model, tokenizer = tiny
+    examples = random_play_examples(tokenizer)[:4]
+    tokenized = [tokenize_example(tokenizer, e["messages"], e["response"]) for e in examples]
+
+    def grads(groups):
+        m = copy.deepcopy(model)
+        batches = [collate(g, tokenizer.pad_token_id) for g in groups]
+        targets = sum(int(mask[:, 1:].sum()) for _, _, mask in batches)
+        for ids, attention, mask in batches:
+            loss, _ = masked_lm_loss(m, ids, attention, mask)
+            (loss / targets).backward()
+        return torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+
+    whole = grads([tokenized])
+    accumulated = grads([[e] for e in tokenized])
+    torch.testing.assert_close(accumulated, whole, atol=1e-6, rtol=1e-4)
+
+
+def test_masked_loss_ignores_untrained_tokens(tiny):
+    model, tokenizer = tiny
+    example = tokenize_example(tokenizer, *_one(tokenizer))
+    ids, attention, mask = collate([example], tokenizer.pad_token_id)
+    loss, count = masked_lm_loss(model, ids, attention, mask)
+    logits = model(input_ids=ids).logits[0, :-1].float()
+    targets = mask[0, 1:]
+    expected = torch.nn.functional.cross_entropy(logits[targets], ids[0, 1:][targets], reduction="sum")
+    assert count == int(targets.sum()) > 0
+    torch.testing.assert_close(loss, expected, atol=1e-3, rtol=1e-4)
+
+
+def _one(tokenizer):
+    example = random_play_examples(tokenizer, episodes=2)[0]
+    return example["messages"], example["response"]
+
+
+def test_length_buckets_cover_every_index_once():
+    lengths = list(np.random.default_rng(0).integers(10, 500, size=203))
+    batches = length_buckets(lengths, 8, np.random.default_rng(1))
+    assert sorted(i for b in batches for i in b) == list(range(203))
+    assert all(len(b) <= 8 for b in batches)
+
+
+def test_split_keeps_episodes_whole():
+    examples = [{"seed": s, "sample": k, "turn": t} for s in range(10) for k in range(2) for t in range(3)]
+    train_part, held = split(examples, 0.2, seed=0)
+    assert len(held) == 12 and len(train_part) == 48
+    assert not {(e["seed"], e["sample"]) for e in held} & {(e["seed"], e["sample"]) for e in train_part}
+
+
+def test_training_lowers_the_loss_and_resume_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch):
+    from spa.models import load_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=8, max_turns=1)
+    config = SFTConfig(lr=3e-3, epochs=2, batch_size=4, val_fraction=0.25, val_examples_generate=2, val_max_new_tokens=8, bf16=False)
+
+    model_a, _ = load_model("tiny", dtype="fp32")
+    history = train(model_a, tokenizer, examples, config, tmp_path / "a", progress=False)
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[1]["train_loss"] < history[0]["train_loss"]
+    assert 0.0 <= history[1]["val_prediction_exact"] <= 1.0 and history[1]["val_loss"] > 0
+
+    # Interrupted right after the epoch-1 checkpoint; a second run resumes from it.
+    import spa.worldmodel.sft as sft
+
+    real_save = sft.save_checkpoint
+
+    def save_then_interrupt(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    model_b, _ = load_model("tiny", dtype="fp32")
+    monkeypatch.setattr(sft, "save_checkpoint", save_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(model_b, tokenizer, examples, config, tmp_path / "b", progress=False)
+    monkeypatch.setattr(sft, "save_checkpoint", real_save)
+    checkpoint = last_checkpoint(tmp_path / "b")
+    assert checkpoint.name == "epoch-1"
+    model_c, _ = load_model(str(checkpoint), dtype="fp32")
+    train(model_c, tokenizer, examples, config, tmp_path / "b", resume_from=checkpoint, progress=False)
+    assert last_checkpoint(tmp_path / "b").name == "epoch-2"
+    for (name, a), (_, c) in zip(model_a.named_parameters(), model_c.named_parameters()):
+        torch.testing.assert_close(a, c, msg=name, atol=1e-5, rtol=1e-4)
