@@ -1,0 +1,194 @@
+"""Throughput of spa's generation engine against ``model.generate``, printed as JSON.
+
+The workload is shaped like the agent's rollouts: every prompt is a chat with the same
+system prompt (game rules; 294 shared tokens with the chat template) and a short
+per-sequence user message (a Sokoban grid of varying size, coordinates and a turn
+counter; 62-81 tokens), so prompt lengths differ (356-375 tokens). Both sides
+sample at temperature 1 (top-p 1, no top-k) and generate exactly ``--new-tokens``
+tokens per sequence: eos and stop strings are disabled (``min_new_tokens`` for
+``model.generate``, an empty ``eos_token_ids`` and ``stop=()`` for the engine). Only
+generated tokens are counted; the time includes prefill. Each side first runs a tiny
+warm-up call, not timed; with ``--repeats`` the two alternate and medians are reported.
+
+    python bench/generation.py                      # SmolLM2-135M bf16, batch 64, 128 tokens
+    python bench/generation.py --skip-hf            # the engine only
+    python bench/generation.py --model tiny --dtype fp32 --new-tokens 16   # smoke run
+
+The machine may be shared: compare the two figures of one run, not figures of runs at
+different times. Constructing the engine tunes glibc's malloc for the whole process
+(see ``spa.models.engine.tune_malloc``), so ``model.generate`` runs under the same
+allocator settings as the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from spa.models import load_model
+from spa.models.engine import Engine, SamplingParams
+
+SYSTEM_PROMPT = """You are an agent playing Sokoban. Push every box onto a target.
+
+Grid symbols: `#` wall, `_` empty floor, `O` target, `X` box, `√` box on a target, `P` you, `S` you on a target.
+
+Rules:
+1. Each action moves you one cell Up, Down, Left or Right; walls block you.
+2. Walking into a box pushes it one cell further, only if the cell behind it is floor or a target. You cannot pull boxes or push two at once.
+3. A box pushed into a corner that is not a target is stuck for ever.
+4. Rewards: -0.1 per step, +1 when a box reaches a target, -1 when it leaves one, +10 when all boxes are on targets.
+5. Give up to 3 actions per turn, separated by `||`, e.g. `Up || Left`.
+
+Coordinates are 0-indexed (row, column) from the top-left corner.
+
+Format: think inside <think></think>; there, restate the current state inside <observation></observation>, reason about your moves, and give the state you expect after them inside <prediction></prediction>. Then give your actions inside <answer></answer>."""
+
+
+def make_state(rng: random.Random, turn: int) -> str:
+    """A random Sokoban-like grid (size varies) with a coordinate description."""
+    size = rng.choice([5, 6, 7, 8])
+    inner = [["#"] + ["_"] * (size - 2) + ["#"] for _ in range(size - 2)]
+    cells = [["#"] * size] + inner + [["#"] * size]
+    free = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)]
+    (pr, pc), (br, bc), (tr, tc) = rng.sample(free, 3)
+    cells[pr][pc], cells[br][bc], cells[tr][tc] = "P", "X", "O"
+    grid = "\n".join("".join(row) for row in cells)
+    return (
+        f"Turn {turn} of 5. Current state:\n{grid}\n"
+        f"Player at ({pr},{pc}); Box at ({br},{bc}); Target at ({tr},{tc}).\n"
+        "Decide your next actions."
+    )
+
+
+def make_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": make_state(rng, 1 + i % 5)},
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        prompts.append(list(ids))
+    return prompts
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    n = 0
+    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def run_hf(model, tokenizer, prompts, new_tokens: int, seed: int) -> float:
+    """Seconds for ``model.generate`` to sample exactly ``new_tokens`` per prompt."""
+    enc = tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(model.device)
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    seconds = time.perf_counter() - start
+    assert out.shape[1] - enc["input_ids"].shape[1] == new_tokens
+    return seconds
+
+
+def run_engine(engine: Engine, prompts, new_tokens: int, seed: int) -> float:
+    """Seconds for the engine to sample exactly ``new_tokens`` per prompt."""
+    params = SamplingParams(
+        max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, stop=(), seed=seed
+    )
+    start = time.perf_counter()
+    gens = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    assert all(len(g.token_ids) == new_tokens for g in gens)
+    return seconds
+
+
+def summary(seconds: list[float], generated: int) -> dict:
+    """Median time and throughput over the repeats, plus every run's time."""
+    median = statistics.median(seconds)
+    return {
+        "seconds": round(median, 2),
+        "tokens_per_s": round(generated / median, 1),
+        "runs_s": [round(s, 2) for s in seconds],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (medians)")
+    parser.add_argument("--skip-hf", action="store_true", help="time the engine only")
+    args = parser.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    prompts = make_prompts(tokenizer, args.batch, args.seed)
+    lengths = [len(p) for p in prompts]
+    engine = Engine(model, tokenizer, max_batch_size=args.batch)
+    engine.eos_token_ids = set()  # generate exactly --new-tokens, like min_new_tokens
+    generated = args.batch * args.new_tokens
+
+    run_engine(engine, prompts[:2], 4, args.seed)  # warm-up
+    if not args.skip_hf:
+        run_hf(model, tokenizer, prompts[:2], 4, args.seed)  # warm-up
+    engine_s, hf_s = [], []
+    for _ in range(args.repeats):  # alternated, so that both see the same machine state
+        engine_s.append(run_engine(engine, prompts, args.new_tokens, args.seed))
+        if not args.skip_hf:
+            hf_s.append(run_hf(model, tokenizer, prompts, args.new_tokens, args.seed))
+    result = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "device": str(model.device),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "batch": args.batch,
+        "prompt_tokens": {
+            "min": min(lengths),
+            "max": max(lengths),
+            "mean": round(sum(lengths) / len(lengths), 1),
+            "shared_prefix": shared_prefix(prompts),
+        },
+        "new_tokens": args.new_tokens,
+        "sampling": "temperature 1, top_p 1, eos and stop strings disabled",
+        "repeats": args.repeats,
+        "engine": summary(engine_s, generated)
+        | {"path": "llama fast path" if engine.fast else f"generic ({engine.fast_problem})"},
+    }
+    if not args.skip_hf:
+        result["hf_generate"] = summary(hf_s, generated) | {
+            "attn_implementation": model.config._attn_implementation
+        }
+        result["speedup"] = round(statistics.median(hf_s) / statistics.median(engine_s), 2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
