@@ -62,9 +62,9 @@ class PromptConfig:
         return self.mode == "world_model"
 
 
-def state_block(state_text: str, grid: str, mode: str) -> str:
+def state_block(env: TextEnv, mode: str) -> str:
     """The state as the prompt shows it: the raw grid in ``base``, grid + coordinates otherwise."""
-    return grid if check_mode(mode) == "base" else state_text
+    return env.render() if check_mode(mode) == "base" else env.state_text()
 
 
 def system_prompt(env: TextEnv, config: PromptConfig) -> str:
@@ -101,6 +101,6 @@ def build_messages(
         messages.append({"role": "user", "content": turn_message(state, first + i, previous_reward)})
         messages.append({"role": "assistant", "content": response})
         previous_reward = reward
-    current = state_block(env.state_text(), env.render(), config.mode)
+    current = state_block(env, config.mode)
     messages.append({"role": "user", "content": turn_message(current, len(history), previous_reward)})
     return messages

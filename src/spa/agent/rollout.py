@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from spa.agent.parsing import parse_response
 from spa.agent.prompts import PromptConfig, build_messages, state_block
-from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds  # noqa: F401 (re-exported)
 from spa.envs import make
 from spa.models.engine import Engine, SamplingParams
 
@@ -130,7 +129,7 @@ def rollout(
         for i, msgs, ids, gen in zip(active, messages, prompt_ids, generations):
             env, trajectory = envs[i], trajectories[i]
             budget = max_actions - trajectory.num_actions
-            shown = shown_state(env, prompt_cfg)
+            shown = state_block(env, prompt_cfg.mode)
             turn, done = _play_turn(env, msgs, ids, gen, prompt_cfg, budget, config.format_penalty)
             trajectory.turns.append(turn)
             histories[i].append((shown, turn.response, turn.reward))
@@ -168,8 +167,3 @@ def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget:
         env_reward=env_reward, reward=env_reward + penalty,
     )
     return turn, done
-
-
-def shown_state(env, cfg: PromptConfig) -> str:
-    """The state text the prompt of ``cfg.mode`` shows for the current state of ``env``."""
-    return state_block(env.state_text(), env.render(), cfg.mode)
