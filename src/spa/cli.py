@@ -285,7 +285,6 @@ def sft(
     seed: int = typer.Option(0, help="Data order and split seed."),
 ) -> None:
     """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
-    from spa.models import load_model
     from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, train
 
     if not Path(data).is_file():
@@ -295,10 +294,8 @@ def sft(
     checkpoint = last_checkpoint(Path(out)) if resume else None
     if checkpoint is not None:
         console.print(f"resuming from {checkpoint}")
-        # Weights are trained in fp32 with bf16 autocast; the checkpoint is the model to continue.
-        lm, tokenizer = load_model(str(checkpoint), dtype="fp32")
-    else:
-        lm, tokenizer = load(model, "fp32")
+    # Weights stay fp32 (bf16 autocast does the compute); a resumed run continues the checkpoint.
+    lm, tokenizer = load(str(checkpoint) if checkpoint is not None else model, "fp32")
     history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
     for record in history:
         console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "

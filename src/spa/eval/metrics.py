@@ -35,6 +35,14 @@ def _cells(row: str, spaced: bool) -> list[str]:
     return row.split() if spaced else list(row.replace(" ", ""))
 
 
+def grid_cells(grid: str) -> list[list[str]]:
+    """The grid's rows as lists of cells: characters, or whitespace-separated tokens when
+    the grid is written that way (Sudoku)."""
+    rows = _lines(grid)
+    spaced = bool(rows) and " " in rows[0]
+    return [_cells(row, spaced) for row in rows]
+
+
 def cell_accuracy(predicted: str, true_grid: str) -> float:
     """Fraction of the true grid's cells that the predicted text reproduces in place.
 

@@ -26,6 +26,7 @@ from spa.agent.prompts import PromptConfig, build_messages
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
 from spa.envs.base import TextEnv
+from spa.worldmodel.tokenize import encode_with_mask
 
 
 def sample_states(env_name: str, num_states: int, env_config: dict | None = None,
@@ -102,8 +103,6 @@ def _scored_tokens(tokenizer, env: TextEnv, mode: str) -> tuple[list[int], list[
     state = env.render() if mode == "base" else env.state_text()
     messages = build_messages(env, PromptConfig(mode=mode))
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    end = text.rindex(state) + len(state)
-    begin = end - len(state)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    scored = [begin <= a and b <= end and b > a for a, b in encoded["offset_mapping"]]
-    return list(encoded["input_ids"]), scored
+    begin = text.rindex(state)
+    encoded = encode_with_mask(tokenizer, text, [(begin, begin + len(state))])
+    return encoded.input_ids, encoded.loss_mask

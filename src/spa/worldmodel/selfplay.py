@@ -28,6 +28,7 @@ from spa.agent.prompts import PromptConfig, build_messages
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.envs import make
+from spa.eval.metrics import grid_cells
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random")
@@ -96,8 +97,8 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
         return response
     before, after = turn.state_before, turn.state_after
     if config.coords == "random":
-        rows = len(turn.grid_before.splitlines())
-        cols = max(len(row.split()) if " " in row else len(row) for row in turn.grid_before.splitlines())
+        cells = grid_cells(turn.grid_before)
+        rows, cols = len(cells), max(len(row) for row in cells)
         before = randomize_coordinates(before, rows, cols, rng)
         after = randomize_coordinates(after, rows, cols, rng)
     response = replace_span(response, "observation", before)

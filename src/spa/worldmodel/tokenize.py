@@ -43,7 +43,6 @@ def tokenize_example(tokenizer, messages: list[dict], response: str,
     """Chat-template ``messages`` + the assistant ``response``; mask the trained tokens."""
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     text = prompt + response
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     # One span from <think> to </answer>: a token may straddle "</think><answer>".
     spans = [s for s in (_span(text, "<think>", "</think>", len(prompt)),
                          _span(text, "<answer>", "</answer>", len(prompt))) if s]
@@ -52,10 +51,18 @@ def tokenize_example(tokenizer, messages: list[dict], response: str,
     if mask_states:
         excluded = [s for s in (_content(text, "observation", len(prompt)),
                                 _content(text, "prediction", len(prompt))) if s]
+    return encode_with_mask(tokenizer, text, trained, excluded)
+
+
+def encode_with_mask(tokenizer, text: str, include: list[tuple[int, int]],
+                     exclude: list[tuple[int, int]] = ()) -> TokenizedExample:
+    """Token ids of ``text``; a token is marked when its characters lie entirely inside
+    an ``include`` span and not entirely inside an ``exclude`` span."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
 
     def inside(a: int, b: int, spans) -> bool:
         return any(lo <= a and b <= hi for lo, hi in spans)
 
-    mask = [b > a and inside(a, b, trained) and not inside(a, b, excluded)
+    mask = [b > a and inside(a, b, include) and not inside(a, b, exclude)
             for a, b in encoded["offset_mapping"]]
     return TokenizedExample(list(encoded["input_ids"]), mask)
