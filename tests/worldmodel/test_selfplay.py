@@ -64,6 +64,10 @@ def test_random_exploration_writes_valid_templated_turns(tiny):
         assert example["response"].startswith(f"<think><observation>{example['state_before']}</observation>")
         assert f"<prediction>{example['state_after']}</prediction>" in example["response"]
         assert all(a in {"Up", "Down", "Left", "Right"} for a in example["actions"])
+        # The prompt is the rollout's: turn number and last turn's reward as the agent sees them.
+        assert f"Turn {example['turn'] + 1}. Current state:" in example["messages"][-1]["content"]
+        assert ("Reward from your last turn" in example["messages"][-1]["content"]) == (example["turn"] > 0)
+    assert any(example["turn"] > 0 for example in examples)
 
 
 def test_randomize_coordinates_is_seeded():

@@ -114,8 +114,9 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
             env = make(config.env, **config.env_config)
             env.reset(seed=env_seed)
             trajectory = Trajectory(config.env, dict(config.env_config), env_seed, group, sample, "world_model")
+            history: list[tuple[str, str, float]] = []  # so prompts match the rollout's (turn number, reward)
             for _ in range(config.max_turns):
-                messages = build_messages(env, config.prompt)
+                messages = build_messages(env, config.prompt, history)
                 state_before, grid_before = env.state_text(), env.render()
                 actions, rewards, done = [], 0.0, False
                 for _ in range(int(rng.integers(1, config.max_actions_per_turn + 1))):
@@ -137,6 +138,7 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                     grid_before=grid_before, state_after=env.state_text(), grid_after=env.render(),
                     env_reward=rewards, reward=rewards,
                 ))
+                history.append((state_before, response, rewards))
                 if done:
                     break
             trajectory.success, trajectory.terminated = env.is_success(), done
