@@ -333,6 +333,21 @@ def test_engine_uses_current_weights(lm, prompts):
     assert [g.token_ids for g in after] == hf_greedy(model, tokenizer, prompts, 20)
 
 
+def test_decoding_dtype_equals_a_model_in_that_dtype(lm, prompts):
+    """A trainer keeps fp32 weights and samples in bf16: same tokens and log-probs as a
+    bf16 copy of the model, and the fp32 parameters stay untouched."""
+    model, tokenizer = lm
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    # .to() also rounds the rotary frequencies, which a bf16 checkpoint loads in fp32
+    bf16.model.rotary_emb.inv_freq = model.model.rotary_emb.inv_freq.clone()
+    reference = Engine(bf16, tokenizer).generate(prompts, GREEDY)
+    engine = Engine(model, tokenizer, dtype=torch.bfloat16)
+    outputs = engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in outputs] == [g.token_ids for g in reference]
+    assert [g.logprobs for g in outputs] == [g.logprobs for g in reference]
+    assert next(model.parameters()).dtype == torch.float32
+
+
 def test_training_mode_is_restored(lm, prompts):
     model, tokenizer = lm
     model.train()

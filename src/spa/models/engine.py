@@ -80,10 +80,12 @@ class Engine:
     Llama-family decoder is used; set it to False to force the generic path.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, max_batch_size: int = 64):
+    def __init__(self, model: nn.Module, tokenizer, max_batch_size: int = 64,
+                 dtype: torch.dtype | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
+        self.dtype = dtype  # decoding precision of the fast path; None: the model's own
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_token_ids: set[int] = _eos_ids(model, tokenizer)
@@ -116,7 +118,7 @@ class Engine:
         self.model.eval()  # no dropout in the generic path
         bar = _progress_bar(len(prompts), progress)
         try:
-            weights = LlamaWeights(self.model) if fast else None  # current weights, fused
+            weights = LlamaWeights(self.model, self.dtype) if fast else None  # current weights, fused
             results: list[Generation] = []
             for lo in range(0, len(prompts), self.max_batch_size):
                 chunk = [list(p) for p in prompts[lo : lo + self.max_batch_size]]

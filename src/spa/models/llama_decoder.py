@@ -114,28 +114,30 @@ def _cat_bias(*linears: nn.Linear) -> Tensor | None:
 class _Layer:
     """One decoder layer's weights; QKV and gate/up concatenated for one matmul each."""
 
-    def __init__(self, layer: nn.Module, pack: bool):
+    def __init__(self, layer: nn.Module, pack: bool, cast):
         attn, mlp = layer.self_attn, layer.mlp
-        self.norm1 = layer.input_layernorm.weight
+        self.norm1 = cast(layer.input_layernorm.weight)
         self.eps1 = _norm_eps(layer.input_layernorm)
         wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        self.qkv = _Linear(wqkv, _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj), pack)
-        self.o = _Linear(attn.o_proj.weight, attn.o_proj.bias, pack)
-        self.norm2 = layer.post_attention_layernorm.weight
+        self.qkv = _Linear(cast(wqkv), cast(_cat_bias(attn.q_proj, attn.k_proj, attn.v_proj)), pack)
+        self.o = _Linear(cast(attn.o_proj.weight), cast(attn.o_proj.bias), pack)
+        self.norm2 = cast(layer.post_attention_layernorm.weight)
         self.eps2 = _norm_eps(layer.post_attention_layernorm)
         wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-        self.gate_up = _Linear(wgu, _cat_bias(mlp.gate_proj, mlp.up_proj), pack)
-        self.down = _Linear(mlp.down_proj.weight, mlp.down_proj.bias, pack)
+        self.gate_up = _Linear(cast(wgu), cast(_cat_bias(mlp.gate_proj, mlp.up_proj)), pack)
+        self.down = _Linear(cast(mlp.down_proj.weight), cast(mlp.down_proj.bias), pack)
 
 
 class LlamaWeights:
     """A Llama-family model's current weights, laid out for decoding.
 
     Build one per ``generate()`` call: the fused tensors are copies, so they would go
-    stale when training updates the parameters in place.
+    stale when training updates the parameters in place. ``dtype`` decodes in another
+    precision than the model's (a trainer keeps fp32 master weights but samples in bf16,
+    about 4x faster on CPU); ``None`` keeps the model's.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None):
         config, inner = model.config, model.model
         self.n_heads = config.num_attention_heads
         self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
@@ -143,13 +145,18 @@ class LlamaWeights:
         attn = inner.layers[0].self_attn
         self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.n_heads
         self.scale = float(getattr(attn, "scaling", self.head_dim**-0.5))
-        self.embed = inner.embed_tokens.weight  # [V, H]
+        dtype = dtype or inner.embed_tokens.weight.dtype
+
+        def cast(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().to(dtype)
+
+        self.embed = cast(inner.embed_tokens.weight)  # [V, H]
         head = model.get_output_embeddings()
         pack = _can_pack(self.embed)
-        self.lm_head = _Linear(head.weight, head.bias, pack)  # [V, H] (tied: the embedding)
-        self.norm, self.norm_eps = inner.norm.weight, _norm_eps(inner.norm)
+        self.lm_head = _Linear(cast(head.weight), cast(head.bias), pack)  # [V, H] (tied: the embedding)
+        self.norm, self.norm_eps = cast(inner.norm.weight), _norm_eps(inner.norm)
         self.rotary = inner.rotary_emb
-        self.layers = [_Layer(layer, pack) for layer in inner.layers]
+        self.layers = [_Layer(layer, pack, cast) for layer in inner.layers]
         self.dtype, self.device = self.embed.dtype, self.embed.device
 
     def rope_table(self, length: int) -> tuple[Tensor, Tensor]:

@@ -153,7 +153,8 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
         prefix = example["response"][: example["response"].find("<prediction>") + len("<prediction>")]
         prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
     params = SamplingParams(max_new_tokens=config.val_max_new_tokens, temperature=0.0, stop=("</prediction>",))
-    outputs = Engine(model, tokenizer).generate(prompts, params) if prompts else []
+    dtype = torch.bfloat16 if config.bf16 and _on_cpu(model) else None
+    outputs = Engine(model, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
     return {"val_loss": total / max(count, 1), "val_prediction_exact": float(np.mean(hits)) if hits else 0.0,
             "val_examples": len(examples)}
