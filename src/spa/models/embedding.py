@@ -105,7 +105,8 @@ class SentenceEmbedder:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.model = AutoModel.from_pretrained(self.path, dtype=torch.float32).to(self.device).eval()
+        model = AutoModel.from_pretrained(self.path, dtype=torch.float32)
+        self.model = model.to(self.device).eval()
         self.pooling = _pooling_mode(folder)
         self.max_length = _max_length(folder, self.tokenizer)
         self.dim = int(self.model.config.hidden_size)

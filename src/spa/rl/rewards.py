@@ -1,4 +1,4 @@
-"""Reward functions of the world-model baselines, TRL style: ``(completions, **ctx) -> list[float]``.
+"""Rewards of the world-model baselines, TRL style: ``(completions, **ctx) -> list[float]``.
 
 * RWML (Yu et al., 2026, seed 003): the policy predicts the next state inside
   ``<prediction>..</prediction>`` and earns the binary sim-to-real reward
@@ -181,7 +181,8 @@ def embedding_distances(embedder) -> Callable[[list, list], list[float]]:
         scored = [i for i, p in enumerate(predictions) if p]
         out = [2.0] * len(predictions)
         if scored:
-            vectors = embedder.encode([predictions[i] for i in scored] + [truths[i] for i in scored])
+            texts = [predictions[i] for i in scored] + [truths[i] for i in scored]
+            vectors = embedder.encode(texts)
             cosines = (vectors[: len(scored)] * vectors[len(scored):]).sum(-1).tolist()
             for i, cos in zip(scored, cosines):
                 out[i] = 1.0 - cos
@@ -208,7 +209,7 @@ def get_reward(name: str) -> Callable[..., list[float]]:
 
 def vagen_turn_reward(turn, beta_s: float = 0.5, beta_w: float = 0.5,
                       format_reward: float = 0.5) -> float:
-    """VAGEN-style shaping reward of one turn (``spa.agent.rollout.Turn``), on top of its env reward.
+    """VAGEN-style shaping reward of one ``spa.agent.rollout.Turn``, added to its env reward.
 
     ``format_reward * 1[format_ok] + beta_s * state_match(observation, state_before)
     + beta_w * state_match(prediction, state_after)``, with VAGEN's beta_s = beta_w = 0.5

@@ -53,7 +53,8 @@ class Triplet:
     state_before: str  # grid + coordinates the actions were applied to
     actions: list[str]  # the turn's valid actions, in the order applied
     next_state: str  # grid + coordinates after them
-    history: list[tuple[str, list[str]]] = field(default_factory=list)  # earlier (state, valid actions), oldest first
+    # earlier turns as (state, valid actions), oldest first
+    history: list[tuple[str, list[str]]] = field(default_factory=list)
     group: int = 0
     sample: int = 0
 

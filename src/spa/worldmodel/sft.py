@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa.eval.metrics import exact_match
-from spa.io import write_json
+from spa.io import atomic_dir, write_json
 from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
 
 
@@ -167,17 +165,11 @@ def _on_cpu(model) -> bool:
 def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict]) -> Path:
     """Write ``out/epoch-N`` atomically: weights (HF format), tokenizer, optimizer state."""
     final = out / f"epoch-{epoch}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".epoch-{epoch}-", dir=out))
-    try:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "epoch": epoch, "history": history}, tmp / "trainer_state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

@@ -1,0 +1,168 @@
+"""World-model rewards (RWML, exact, cell) and the VAGEN-style turn reward, on hand cases."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from spa.rl.rewards import (
+    EMBEDDING_TAU,
+    WORLD_MODEL_REWARDS,
+    coordinate_facts,
+    extract_prediction,
+    get_reward,
+    prediction_cell_reward,
+    prediction_embedding_reward,
+    prediction_exact_reward,
+    split_state,
+    state_distance,
+    state_match,
+    vagen_turn_reward,
+)
+
+GRID = "######\n#___P#\n##_XO#\n#____#\n#____#\n######"
+STATE = GRID + "\nPlayer at (1,4); Box at (2,3); Target at (2,4)."
+# The player one step to the left: two grid cells and one coordinate fact differ.
+MOVED = STATE.replace("#___P#", "#__P_#").replace("(1,4)", "(1,3)")
+SUDOKU = "3 4 1 2\n1 2 3 4\n4 3 2 1\n2 1 4 3\nEmpty at none."
+
+
+def wm(pred: str) -> str:
+    return (f"<think><observation>x</observation> go <prediction>{pred}</prediction></think>"
+            "<answer>Up</answer>")
+
+
+class TableEmbedder:
+    """A fake embedder: each text maps to a fixed unit vector."""
+
+    def __init__(self, table):
+        self.table = table
+        self.calls = 0
+
+    def encode(self, texts):
+        self.calls += 1
+        return torch.nn.functional.normalize(torch.tensor([self.table[t] for t in texts]), dim=-1)
+
+
+# -- parsing helpers ---------------------------------------------------------------
+
+@pytest.mark.parametrize("completion, expected", [
+    (wm(STATE), STATE),                                              # SPA format: inside think
+    (f"<think>reason</think><prediction>{STATE}</prediction>", STATE),  # RWML format: after think
+    (f"<prediction>\n{STATE}\n</prediction> trailing", STATE),       # no think at all
+    ("<think>no prediction</think><answer>Up</answer>", None),
+    ("<prediction>unclosed", None),
+    ("<prediction>   </prediction>", None),                          # empty counts as missing
+    ([{"role": "assistant", "content": wm("abc")}], "abc"),          # TRL conversational
+    (None, None),
+])
+def test_extract_prediction(completion, expected):
+    assert extract_prediction(completion) == expected
+
+
+def test_split_state_and_coordinate_facts():
+    assert split_state(STATE) == (GRID, "Player at (1,4); Box at (2,3); Target at (2,4).")
+    assert split_state(SUDOKU)[1] == "Empty at none."
+    assert split_state(GRID) == (GRID, "")
+    assert coordinate_facts(STATE) == {("player", 1, 4), ("box", 2, 3), ("target", 2, 4)}
+    assert coordinate_facts("Hole at (1,0), (1, 1);\nGoal at (3,3).") == {
+        ("hole", 1, 0), ("hole", 1, 1), ("goal", 3, 3)}
+    assert coordinate_facts("Empty at none.") == set()
+
+
+# -- state_match (the VAGEN matcher) ---------------------------------------------------
+
+def test_state_match_identical_near_far_and_missing():
+    assert state_match(STATE, STATE) == 1.0
+    assert state_match(STATE.replace("\n", "\r\n  "), STATE) == 1.0  # spacing is not content
+    # One step off: grid 34/36 cells, coordinates F1 2/3.
+    assert state_match(MOVED, STATE) == pytest.approx(0.5 * 34 / 36 + 0.5 * 2 / 3)
+    # Statement order does not matter, only the facts.
+    reordered = GRID + "\nTarget at (2,4); Box at (2,3); Player at (1,4)."
+    assert state_match(reordered, STATE) == 1.0
+    assert state_match("I have no idea.", STATE) == 0.0
+    assert state_match(None, STATE) == 0.0 and state_match("", STATE) == 0.0
+    assert state_distance(STATE, STATE) == 0.0 and state_distance(None, STATE) == 1.0
+
+
+def test_state_match_other_grids():
+    far = "P_G_\nOO__\n_OO_\nO___\nPlayer at (0,0); Goal at (0,2)."
+    assert state_match(far, STATE) < 0.2
+    assert state_match(GRID, GRID) == 1.0  # a raw grid truth is scored by its grid alone
+    assert state_match(GRID.replace("P", "_"), GRID) == pytest.approx(35 / 36)
+    assert state_match(SUDOKU, SUDOKU) == 1.0
+    # A full Sudoku: nothing to state, and nothing stated.
+    assert state_match(SUDOKU.split("\nEmpty")[0], SUDOKU) == 1.0
+
+
+# -- prediction rewards ------------------------------------------------------------------
+
+def test_exact_reward():
+    respaced = STATE.replace("\n", "  \r\n") + "\n\n"
+    completions = [wm(STATE), wm(respaced), wm(MOVED), "garbage", wm("")]
+    assert prediction_exact_reward(completions, targets=[STATE] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    # Characters inside a line count: "3 4" is not "34".
+    joined = wm(SUDOKU.replace("3 4 1 2", "34 1 2"))
+    assert prediction_exact_reward([joined], targets=[SUDOKU]) == [0.0]
+
+
+def test_cell_reward():
+    completions = [wm(STATE), wm(MOVED), wm(GRID), wm("nothing like a grid"), "unparsable",
+                   wm(GRID.replace("#", "_"))]
+    rewards = prediction_cell_reward(completions, targets=[STATE] * 6, prompts=["ignored"] * 6)
+    assert rewards[:2] == [1.0, pytest.approx(34 / 36)]
+    assert rewards[2] == 1.0  # the target's coordinate line is not part of its grid
+    assert rewards[3] == 0.0 and rewards[4] == 0.0
+    assert rewards[5] == pytest.approx(15 / 36)  # walls erased: only the 15 inner cells match
+
+
+def test_embedding_reward_threshold_and_unparsable():
+    embedder = TableEmbedder({STATE: [1.0, 0.0], "near": [1.0, 0.05], "far": [0.0, 1.0]})
+    completions = [wm(STATE), wm("near"), wm("far"), "unparsable"]
+    targets = [STATE] * 4
+    rewards = prediction_embedding_reward(completions, targets=targets, embedder=embedder, tau=0.01)
+    assert rewards == [1.0, 1.0, 0.0, 0.0]  # near: 1 - cos = 0.00125 < 0.01
+    strict = prediction_embedding_reward(completions, targets=targets, embedder=embedder, tau=0.001)
+    assert strict == [1.0, 0.0, 0.0, 0.0]
+    dense = prediction_embedding_reward(completions, targets=targets, embedder=embedder,
+                                        binary=False)
+    assert dense[0] == pytest.approx(1.0) and dense[1] == pytest.approx(0.99875, abs=1e-5)
+    assert dense[2] == pytest.approx(0.0, abs=1e-6) and dense[3] == 0.0
+    assert embedder.calls == 3  # one batched encode per call
+    assert prediction_embedding_reward(["x"], targets=[STATE], embedder=None) == [0.0]  # no encode
+    assert 0 < EMBEDDING_TAU < 0.01
+
+
+def test_rewards_check_lengths_and_tau():
+    with pytest.raises(ValueError, match="2 completions but 1 targets"):
+        prediction_exact_reward(["a", "b"], targets=["a"])
+    with pytest.raises(ValueError, match="tau=0"):
+        prediction_embedding_reward(["a"], targets=["a"], embedder=None, tau=0)
+
+
+def test_registry():
+    assert set(WORLD_MODEL_REWARDS) == {"embedding", "exact", "cell"}
+    assert get_reward("exact") is prediction_exact_reward
+    with pytest.raises(ValueError, match="reward 'rouge'; valid names: embedding, exact, cell"):
+        get_reward("rouge")
+
+
+# -- VAGEN turn reward -------------------------------------------------------------------
+
+def make_turn(state_before, state_after, *, observation="", prediction="", format_ok=True):
+    """The fields of ``spa.agent.rollout.Turn`` that the turn reward reads."""
+    return SimpleNamespace(state_before=state_before, state_after=state_after,
+                           observation=observation, prediction=prediction, format_ok=format_ok)
+
+
+def test_vagen_turn_reward():
+    perfect = make_turn(STATE, MOVED, observation=STATE, prediction=MOVED)
+    assert vagen_turn_reward(perfect) == pytest.approx(1.5)
+    weighted = vagen_turn_reward(perfect, beta_s=1.0, beta_w=2.0, format_reward=0.0)
+    assert weighted == pytest.approx(3.0)
+    copied = make_turn(STATE, MOVED, observation=STATE, prediction=STATE)
+    assert vagen_turn_reward(copied) == pytest.approx(0.5 + 0.5 + 0.5 * state_match(STATE, MOVED))
+    empty = make_turn(STATE, MOVED)
+    assert vagen_turn_reward(empty) == pytest.approx(0.5)  # format only
+    broken = make_turn(STATE, MOVED, observation=STATE, prediction=MOVED, format_ok=False)
+    assert vagen_turn_reward(broken) == 0.0  # no format, no state reward
