@@ -304,5 +304,59 @@ def sft(
     console.print(f"checkpoints in {out}/epoch-N (Hugging Face format)")
 
 
+@app.command()
+def ppo(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    out: str = typer.Option(..., help="Run folder: checkpoint/, metrics.jsonl, tensorboard/, eval/."),
+    model: str = ModelOption,
+    mode: str = typer.Option("state", help="Prompt mode: base, state or world_model."),
+    algorithm: str = typer.Option("ppo", help="ppo (with a critic) or grpo."),
+    steps: int = typer.Option(1000, min=1, help="Training steps (paper: 1,000)."),
+    groups: int = typer.Option(32, min=1, help="Training seeds per step (paper: 32)."),
+    samples: int = typer.Option(8, min=1, help="Episodes per seed (paper: 8)."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    eval_every: int = typer.Option(0, min=0, help="Evaluate every N steps (and at start and end); 0: never."),
+    eval_envs: int = typer.Option(32, min=1, help="Evaluation seeds of the periodic evaluation."),
+    eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation seed."),
+    resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
+    set_: list[str] = typer.Option(None, "--set", help="Any PPOConfig field as key=value, e.g. --set actor_lr=1e-5."),
+    option: list[str] = EnvOption,
+) -> None:
+    """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
+    import torch
+
+    from spa.agent.rollout import RolloutConfig
+    from spa.config import ConfigError, load as load_config
+    from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.rl.ppo import PPOConfig, resume_point, train
+
+    make_env(env, option)
+    prompt = prompt_config(mode, max_turns, max_actions, 0)
+    base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every)
+    try:
+        config = load_config(PPOConfig, base, set_ or [])
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
+    rollout_config = RolloutConfig(env, parse_options(option), prompt)
+    checkpoint = resume_point(out) if resume else None
+    if resume and checkpoint is None:
+        console.print(f"no checkpoint in {out}: starting from {model}")
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    eval_config = EvalConfig(env, parse_options(option), prompt, eval_envs, eval_samples,
+                             max_new_tokens=config.max_new_tokens)
+
+    def evaluate_fn(policy, step: int) -> dict:
+        return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,
+                        progress=False, dtype=torch.bfloat16 if config.bf16 else None)
+
+    history = train(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
+    if history:
+        last = history[-1]
+        console.print(f"step {last['step']}: reward {last['rollout/reward_mean']:+.3f}, "
+                      f"success {100 * last['rollout/success']:.1f}%")
+    console.print(f"policy in {out}/checkpoint/policy; metrics in {out}/metrics.jsonl")
+
+
 if __name__ == "__main__":
     app()

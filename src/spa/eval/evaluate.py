@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa.agent.prompts import PromptConfig
@@ -39,9 +40,12 @@ class EvalConfig:
 
 
 def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = None,
-             model_name: str = "", progress: bool = True) -> dict:
-    """Roll out the evaluation seeds, summarise, and write the outputs to ``out_dir``."""
-    engine = Engine(model, tokenizer)
+             model_name: str = "", progress: bool = True, dtype: torch.dtype | None = None) -> dict:
+    """Roll out the evaluation seeds, summarise, and write the outputs to ``out_dir``.
+
+    ``dtype`` decodes in another precision than the model's (a trainer's fp32 weights in bf16).
+    """
+    engine = Engine(model, tokenizer, dtype=dtype)
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                               top_p=config.top_p, seed=config.seed)
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
