@@ -1,0 +1,5 @@
+"""``python -m spa`` runs the command line."""
+
+from spa.cli import app
+
+app()

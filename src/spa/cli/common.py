@@ -1,0 +1,68 @@
+"""What every ``spa`` command shares: the typer app, the console, option types and helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from spa import envs
+
+app = typer.Typer(
+    help="Train LLM agents with an internal world model (SPA), with RWML and RL baselines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+EnvOption = typer.Option(
+    None, "--option", "-o", help="Environment option as key=value (repeatable), e.g. -o dim=8."
+)
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["dim=8", "is_slippery=false"]`` -> ``{"dim": 8, "is_slippery": False}`` (YAML values)."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{pair!r} is not of the form key=value")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    return options
+
+
+def make_env(name: str, options: list[str] | None) -> envs.TextEnv:
+    """Build an environment, turning configuration errors into clean CLI errors."""
+    try:
+        return envs.make(name, **parse_options(options))
+    except (ValueError, TypeError) as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+ModelOption = typer.Option("smollm2-135m-instruct", "--model", "-m",
+                           help="Built-in name (smollm2-135m-instruct, tiny), local folder or hub id.")
+ModeOption = typer.Option("world_model", help="Prompt mode: base, state or world_model.")
+DtypeOption = typer.Option("bf16", help="Compute dtype: bf16 (fast on CPU), fp32 or fp16.")
+
+
+def load(model: str, dtype: str):
+    """Load a model, turning a bad name into a clean CLI error."""
+    from spa.models import load_model
+
+    try:
+        with console.status(f"loading {model}"):
+            return load_model(model, dtype=dtype, device="auto")
+    except (ValueError, FileNotFoundError) as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def prompt_config(mode: str, max_turns: int, max_actions: int, history_turns: int | None):
+    from spa.agent.prompts import PromptConfig
+
+    try:
+        return PromptConfig(mode, max_turns, max_actions, history_turns)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None

@@ -1,0 +1,90 @@
+"""``spa envs``, ``spa play`` and ``spa demo``: look at the environments and the model."""
+
+from __future__ import annotations
+
+
+import typer
+from rich.table import Table
+
+from spa import envs
+from spa.cli.common import (EnvOption, ModelOption, app, console, load, make_env,
+                            parse_options, prompt_config)
+
+
+@app.command("envs")
+def list_envs() -> None:
+    """List the environments and their options with defaults."""
+    table = Table(title="Environments (spa.envs.make(name, **options))")
+    for column in ("name", "option", "default", "meaning"):
+        table.add_column(column, overflow="fold")
+    for name in envs.env_names():
+        for i, (option, default, help_text) in enumerate(envs.config_defaults(name)):
+            table.add_row(name if i == 0 else "", option, repr(default), help_text)
+        table.add_section()
+    console.print(table)
+
+
+@app.command()
+def play(
+    env: str = typer.Argument(..., help=f"Environment: {', '.join(envs.env_names())}."),
+    seed: int = typer.Option(0, help="Seed of the episode (the same seed, the same level)."),
+    option: list[str] = EnvOption,
+) -> None:
+    """Play an environment yourself in the terminal (Ctrl-D or Ctrl-C quits)."""
+    game = make_env(env, option)
+    game.reset(seed=seed)
+    console.print(game.rules(), style="dim")
+    console.print("Type an action and press Enter; 'quit' leaves.\n")
+    total, done = 0.0, False
+    try:
+        while not done:
+            console.print(game.render(), highlight=False)
+            console.print(game.describe(), style="cyan", highlight=False)
+            action = console.input("[bold]action> [/bold]").strip()
+            if action.lower() in {"quit", "exit", "q"}:
+                break
+            _, reward, terminated, truncated, info = game.step(action)
+            if not info["action_valid"]:
+                console.print(f"[red]invalid action[/red]: {info.get('reason', '')}")
+                continue
+            total += reward
+            done = terminated or truncated
+            console.print(f"reward {reward:+.2f}  (total {total:+.2f}, steps {game.steps})")
+    except (EOFError, KeyboardInterrupt):
+        console.print()
+    if done:
+        console.print(game.render(), highlight=False)
+        verdict = "[green]solved[/green]" if game.is_success() else "[red]not solved[/red]"
+        console.print(f"episode over: {verdict}, total reward {total:+.2f}")
+
+
+@app.command()
+def demo(
+    env: str = typer.Option("sokoban", help=f"Environment: {', '.join(envs.env_names())}."),
+    model: str = ModelOption,
+    episodes: int = typer.Option(2, min=1, help="Episodes to play."),
+    turns: int = typer.Option(3, min=1, help="Turns per episode."),
+    max_new_tokens: int = typer.Option(200, min=1, help="New-token cap per turn."),
+    seed: int = typer.Option(0, help="Seed of the first episode."),
+    option: list[str] = EnvOption,
+) -> None:
+    """A short self-play demo: the model plays in world-model mode at temperature 1."""
+    from spa.agent.rollout import RolloutConfig, rollout
+    from spa.models.engine import Engine, SamplingParams
+
+    make_env(env, option)  # validates the options before the model loads
+    lm, tokenizer = load(model, "bf16")
+    config = RolloutConfig(env, parse_options(option), prompt_config("world_model", turns, 3, 0))
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    trajectories = rollout(Engine(lm, tokenizer), tokenizer, list(range(seed, seed + episodes)), 1,
+                           config, sampling)
+    for trajectory in trajectories:
+        console.rule(f"{env}, seed {trajectory.seed}")
+        for i, turn in enumerate(trajectory.turns, 1):
+            console.print(f"[bold]turn {i}[/bold] state:\n{turn.state_before}", highlight=False)
+            console.print(f"[yellow]model:[/yellow] {turn.response}", highlight=False)
+            console.print(f"format ok: {turn.format_ok}; actions: {turn.actions} "
+                          f"(valid: {turn.actions_valid}); reward: {turn.reward:+.2f}")
+        console.print("solved" if trajectory.success else "not solved")
+    solved = sum(t.success for t in trajectories)
+    console.print(f"\n{solved}/{episodes} episodes solved")

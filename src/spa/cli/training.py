@@ -1,0 +1,152 @@
+"""``spa selfplay``, ``spa sft`` and ``spa ppo``: the training stages one by one."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from spa import envs
+from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, load, make_env,
+                            parse_options, prompt_config)
+
+
+@app.command()
+def selfplay(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
+    model: str = ModelOption,
+    episodes: int = typer.Option(1280, min=1, help="Episodes (paper: 1,280 = 160 seeds x 8 samples)."),
+    samples: int = typer.Option(8, min=1, help="Episodes per training seed."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
+    states: str = typer.Option("ground_truth", help="ground_truth, or self_belief (ablation: no replacement)."),
+    exploration: str = typer.Option("self_play", help="self_play, or random (ablation: random actions)."),
+    coords: str = typer.Option("true", help="true, or random (ablation: random coordinates)."),
+    drop_no_valid_action: bool = typer.Option(False, help="Also drop turns whose actions all failed."),
+    dtype: str = DtypeOption,
+    seed: int = typer.Option(0, help="Sampling seed."),
+    option: list[str] = EnvOption,
+) -> None:
+    """Self-play world-model data: play, replace imagined states by true ones, write SFT examples."""
+    from spa.io import write_json, write_jsonl
+    from spa.models.engine import Engine
+    from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+
+    make_env(env, option)
+    try:
+        config = SelfPlayConfig(
+            env=env, env_config=parse_options(option), episodes=episodes, samples=samples,
+            max_turns=max_turns, max_actions_per_turn=max_actions, max_new_tokens=max_new_tokens,
+            states=states, exploration=exploration, coords=coords,
+            drop_no_valid_action=drop_no_valid_action, seed=seed)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    engine = tokenizer = None
+    if exploration == "self_play":
+        lm, tokenizer = load(model, dtype)
+        engine = Engine(lm, tokenizer)
+    start = time.perf_counter()
+    with console.status("self-play") as status:
+        trajectories = collect(engine, tokenizer, config, on_turn=lambda t, n: status.update(
+            f"self-play: turn {t + 1}/{max_turns}, {n} episodes playing"))
+    examples, stats = build_examples(trajectories, config)
+    stats["wall_seconds"] = round(time.perf_counter() - start, 1)
+    write_jsonl(out, examples)
+    write_json(Path(out).with_suffix(".stats.json"), stats)
+    console.print(f"{stats['kept']} examples from {stats['turns']} turns "
+                  f"({stats['dropped_malformed']} malformed, {stats['dropped_no_valid_action']} without a "
+                  f"valid action dropped); episode success {100 * stats['success_rate']:.1f}%; "
+                  f"{stats['wall_seconds']} s -> {out}")
+
+
+@app.command()
+def sft(
+    data: str = typer.Option(..., help="SFT examples (JSONL from spa selfplay)."),
+    out: str = typer.Option(..., help="Checkpoint folder (epoch-N subfolders, metrics.json)."),
+    model: str = ModelOption,
+    epochs: int = typer.Option(5, min=1, help="Epochs (paper: 5)."),
+    lr: float = typer.Option(1e-4, min=0.0, help="Peak learning rate (paper: 1e-4)."),
+    batch_size: int = typer.Option(8, min=1, help="Sequences per micro-batch."),
+    grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
+    mask_states: bool = typer.Option(False, help="Exclude observation/prediction contents from the loss (ablation)."),
+    val_fraction: float = typer.Option(0.1, min=0.0, max=0.9, help="Held-out share of episodes."),
+    max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
+    resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
+    seed: int = typer.Option(0, help="Data order and split seed."),
+) -> None:
+    """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
+    from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, train
+
+    if not Path(data).is_file():
+        raise typer.BadParameter(f"data file {data!r} does not exist")
+    config = SFTConfig(lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
+                       max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed)
+    checkpoint = last_checkpoint(Path(out)) if resume else None
+    if checkpoint is not None:
+        console.print(f"resuming from {checkpoint}")
+    # Weights stay fp32 (bf16 autocast does the compute); a resumed run continues the checkpoint.
+    lm, tokenizer = load(str(checkpoint) if checkpoint is not None else model, "fp32")
+    history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
+    for record in history:
+        console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "
+                      f"{record['val_loss']:.3f}, next-state exact {100 * record['val_prediction_exact']:.1f}%, "
+                      f"{record['tokens_per_second']:.0f} tok/s")
+    console.print(f"checkpoints in {out}/epoch-N (Hugging Face format)")
+
+
+@app.command()
+def ppo(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    out: str = typer.Option(..., help="Run folder: checkpoint/, metrics.jsonl, tensorboard/, eval/."),
+    model: str = ModelOption,
+    mode: str = typer.Option("state", help="Prompt mode: base, state or world_model."),
+    algorithm: str = typer.Option("ppo", help="ppo (with a critic) or grpo."),
+    steps: int = typer.Option(1000, min=1, help="Training steps (paper: 1,000)."),
+    groups: int = typer.Option(32, min=1, help="Training seeds per step (paper: 32)."),
+    samples: int = typer.Option(8, min=1, help="Episodes per seed (paper: 8)."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    eval_every: int = typer.Option(0, min=0, help="Evaluate every N steps (and at start and end); 0: never."),
+    eval_envs: int = typer.Option(32, min=1, help="Evaluation seeds of the periodic evaluation."),
+    eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation seed."),
+    resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
+    set_: list[str] = typer.Option(None, "--set", help="Any PPOConfig field as key=value, e.g. --set actor_lr=1e-5."),
+    option: list[str] = EnvOption,
+) -> None:
+    """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
+    import torch
+
+    from spa.agent.rollout import RolloutConfig
+    from spa.config import ConfigError, load as load_config
+    from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.rl.ppo import PPOConfig, resume_point, train
+
+    make_env(env, option)
+    prompt = prompt_config(mode, max_turns, max_actions, 0)
+    base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every)
+    try:
+        config = load_config(PPOConfig, base, set_ or [])
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
+    rollout_config = RolloutConfig(env, parse_options(option), prompt)
+    checkpoint = resume_point(out) if resume else None
+    if resume and checkpoint is None:
+        console.print(f"no checkpoint in {out}: starting from {model}")
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    eval_config = EvalConfig(env, parse_options(option), prompt, eval_envs, eval_samples,
+                             max_new_tokens=config.max_new_tokens)
+
+    def evaluate_fn(policy, step: int) -> dict:
+        return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,
+                        progress=False, dtype=torch.bfloat16 if config.bf16 else None)
+
+    history = train(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
+    if history:
+        last = history[-1]
+        console.print(f"step {last['step']}: reward {last['rollout/reward_mean']:+.3f}, "
+                      f"success {100 * last['rollout/success']:.1f}%")
+    console.print(f"policy in {out}/checkpoint/policy; metrics in {out}/metrics.jsonl")
+
