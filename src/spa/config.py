@@ -240,8 +240,9 @@ def apply_overrides(data: Mapping, overrides: Sequence[str]) -> dict:
     return out
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...] = (), parent: Path | None = None) -> dict:
+def read_yaml(path: str | Path, chain: tuple[Path, ...] = (), parent: Path | None = None) -> dict:
     """Read one YAML file with its ``defaults:`` files (relative to it) merged underneath."""
+    path = Path(path)
     if not path.is_file():
         where = f" (listed in 'defaults' of {parent})" if parent else ""
         raise ConfigError(f"config file not found: {path}{where}")
@@ -261,7 +262,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = (), parent: Path | None = N
         raise ConfigError(f"{path}: 'defaults' must be a list of YAML file paths")
     merged: dict = {}
     for name in parents:  # in order, so a later preset wins over an earlier one
-        merged = _merge(merged, _read_yaml(path.parent / name, chain + (resolved,), path))
+        merged = _merge(merged, read_yaml(path.parent / name, chain + (resolved,), path))
     return _merge(merged, data)  # the file's own keys last
 
 
@@ -274,7 +275,7 @@ def load(cls: type[T], source: str | Path | Mapping | None = None, overrides: Se
     """
     data = to_dict(base) if is_dataclass(base) else _plain(base or {})
     if isinstance(source, (str, PurePath)):
-        data = _merge(data, _read_yaml(Path(source)))
+        data = _merge(data, read_yaml(Path(source)))
     elif isinstance(source, Mapping):
         data = _merge(data, source)
     elif source is not None:

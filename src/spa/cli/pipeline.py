@@ -1,0 +1,54 @@
+"""``spa run`` and ``spa compare``: the whole pipeline from one recipe, and runs side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from spa.cli.common import app, console
+
+
+@app.command()
+def run(
+    config: str = typer.Argument(..., help="Recipe YAML, e.g. configs/sokoban-spa.yaml."),
+    overrides: list[str] = typer.Argument(None, help="Recipe fields as key=value, e.g. ppo.steps=20."),
+    preset: str = typer.Option("quick", help="Budget preset: quick (CPU), paper, or a YAML file."),
+    name: str = typer.Option(None, help="Run name (default: recipe name and preset)."),
+    runs_dir: str = typer.Option("runs", help="Folder of the runs."),
+) -> None:
+    """Run a recipe's stages into RUNS_DIR/NAME; run it again to continue after an interruption."""
+    from spa.config import ConfigError
+    from spa.pipeline.recipe import load_recipe
+    from spa.pipeline.run import Run
+
+    if not Path(config).is_file():
+        raise typer.BadParameter(f"recipe {config!r} does not exist")
+    try:
+        recipe = load_recipe(config, overrides or [], preset)
+        folder = Path(runs_dir) / (name or f"{Path(config).stem}-{Path(preset).stem}")
+        pipeline = Run(recipe, folder, log=lambda text: console.print(text, highlight=False))
+    except (ConfigError, ValueError) as error:
+        raise typer.BadParameter(str(error)) from None
+    try:
+        pipeline.run()
+    except RuntimeError as error:  # a stage that cannot go on (e.g. self-play kept no example)
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"report: {folder / 'report.md'}")
+
+
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(..., help="Run folders to compare."),
+    out: str = typer.Option("comparison", help="Output folder: comparison.md and curves.png."),
+) -> None:
+    """Side-by-side table (Pass@1, Pass@8 before and after) and overlaid training curves."""
+    from spa.pipeline.report import compare as write_comparison
+
+    try:
+        path = write_comparison(runs, out)
+    except FileNotFoundError as error:
+        raise typer.BadParameter(str(error)) from None
+    console.print(path.read_text(), highlight=False)
+    console.print(f"wrote {path} and {Path(out) / 'curves.png'}")

@@ -1,0 +1,1 @@
+"""The one-command pipeline: recipes, stages, reports and comparisons."""

@@ -1,0 +1,118 @@
+"""Recipes: one typed config for a whole run (method x environment x budget).
+
+A recipe YAML names the method and the environment; a preset (``quick`` for a CPU,
+``paper`` for the paper's sizes) supplies the budget; ``key=value`` overrides change
+anything. Unknown keys are errors (see :mod:`spa.config`).
+
+Methods (the paper's comparison, Table 2):
+
+* ``vanilla``: PPO from the base model with the ``base`` prompt (raw grid).
+* ``state_estimation``: PPO from the base model with the ``state`` prompt (grid + coordinates).
+* ``spa``: self-play in world-model mode -> ground-truth replacement -> world-model SFT ->
+  PPO from the SFT checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spa.config import load, read_yaml
+from spa.models.loading import DEFAULT_MODEL
+from spa.rl.ppo import PPOConfig
+from spa.worldmodel.sft import SFTConfig
+
+METHODS = ("vanilla", "state_estimation", "spa")
+RL_MODE = {"vanilla": "base", "state_estimation": "state"}
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+@dataclass
+class EnvSection:
+    name: str = field(default="sokoban", metadata={"help": "Environment: sokoban, frozenlake, sudoku."})
+    options: dict[str, Any] = field(default_factory=dict, metadata={"help": "Options of spa.envs.make."})
+    rl_options: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Options for RL and evaluation when they differ from the world-model "
+                                        "data's (easy-to-hard transfer: SFT on 4x4, RL on 6x6)."})
+
+
+@dataclass
+class PromptSection:
+    mode: str = field(default="", metadata={"help": "Prompt mode of RL and evaluation; empty: the method's "
+                                                    "(vanilla base, state_estimation state, spa state)."})
+    max_turns: int = field(default=5, metadata={"help": "Turns per episode (paper: 5)."})
+    max_actions: int = field(default=3, metadata={"help": "Actions per turn."})
+
+
+@dataclass
+class SelfPlaySection:
+    episodes: int = field(default=1280, metadata={"help": "Self-play episodes (paper: 1,280)."})
+    samples: int = field(default=8, metadata={"help": "Episodes per seed."})
+    max_new_tokens: int = field(default=400, metadata={"help": "New-token cap per turn."})
+    states: str = field(default="ground_truth", metadata={"help": "ground_truth or self_belief (ablation)."})
+    exploration: str = field(default="self_play", metadata={"help": "self_play or random (ablation)."})
+    coords: str = field(default="true", metadata={"help": "true or random (ablation)."})
+    bootstrap_episodes: int = field(default=0, metadata={
+        "help": "Format bootstrap: > 0 first fine-tunes on this many random-exploration episodes, so a "
+                "model that cannot write the world-model format yet can self-play (a departure from the "
+                "paper, needed by models as small as SmolLM2-135M)."})
+    bootstrap_epochs: int = field(default=1, metadata={"help": "Epochs of the format bootstrap."})
+
+
+@dataclass
+class EvalSection:
+    num_envs: int = field(default=128, metadata={"help": "Evaluation seeds (paper: 128)."})
+    samples: int = field(default=8, metadata={"help": "Samples per seed (paper: 8)."})
+    max_new_tokens: int = field(default=400, metadata={"help": "New-token cap per turn."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (paper: 1)."})
+    world_model: bool = field(default=True, metadata={
+        "help": "Also evaluate the world-model accuracy (world_model mode) before and after."})
+
+
+@dataclass
+class Recipe:
+    method: str = field(default="spa", metadata={"help": f"One of {', '.join(METHODS)}."})
+    model: str = field(default=DEFAULT_MODEL, metadata={"help": "Base model: built-in name, folder or hub id."})
+    env: EnvSection = field(default_factory=EnvSection)
+    prompt: PromptSection = field(default_factory=PromptSection)
+    selfplay: SelfPlaySection = field(default_factory=SelfPlaySection)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    eval: EvalSection = field(default_factory=EvalSection)
+    seed: int = field(default=0, metadata={"help": "Seed of every stage."})
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is not known; valid: {', '.join(METHODS)}")
+        if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
+            raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
+
+    @property
+    def rl_mode(self) -> str:
+        return self.prompt.mode or RL_MODE.get(self.method, "state")
+
+    @property
+    def rl_env_options(self) -> dict[str, Any]:
+        return self.env.options if self.env.rl_options is None else self.env.rl_options
+
+
+def preset_path(name: str, recipe: str | Path | None = None) -> Path:
+    """A preset by file path, or by name: ``presets/NAME.yaml`` beside the recipe, then in
+    the project's ``configs/presets``. An unknown name lists the available ones."""
+    if Path(name).suffix in (".yaml", ".yml"):
+        if not Path(name).is_file():
+            raise ValueError(f"preset file {name!r} does not exist")
+        return Path(name)
+    folders = ([Path(recipe).parent / "presets"] if recipe else []) + [CONFIGS / "presets"]
+    for folder in folders:
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    known = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+    raise ValueError(f"preset {name!r} is not known; valid: {', '.join(known) or '(none found)'}")
+
+
+def load_recipe(path: str | Path, overrides: list[str] = (), preset: str | None = "quick") -> Recipe:
+    """The recipe at ``path`` over the preset's budget, with ``key=value`` overrides."""
+    base = read_yaml(preset_path(preset, path)) if preset else None
+    return load(Recipe, path, list(overrides), base=base)

@@ -1,0 +1,178 @@
+"""Reports: ``report.md`` and plots for one run, and side-by-side comparisons of runs.
+
+Everything here reads what the stages wrote (``stages.json``, ``config.yaml``, each
+evaluation's ``metrics.json``, the RL ``metrics.jsonl``), so a report can be rebuilt at
+any time without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+
+from spa.io import atomic_write_text  # noqa: E402
+from spa.rl.logger import read_metrics  # noqa: E402
+
+EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_final": "after RL"}
+WM_KEYS = ("observation_exact", "prediction_exact", "observation_cell_acc", "prediction_cell_acc")
+
+
+def load_run(folder: str | Path) -> dict:
+    """The parts of a run folder a report needs."""
+    folder = Path(folder)
+    stages_path = folder / "stages.json"
+    if not stages_path.exists():
+        raise FileNotFoundError(f"{folder} is not a run folder (no stages.json)")
+    stages = json.loads(stages_path.read_text())
+    evals = {}
+    for stage, label in EVAL_STAGES.items():
+        for mode, entry in stages.get(stage, {}).get("outputs", {}).items():
+            evals[(stage, mode)] = json.loads(Path(entry["metrics"]).read_text())
+    config = (folder / "config.yaml").read_text() if (folder / "config.yaml").exists() else ""
+    return {"dir": folder, "name": folder.name, "stages": stages, "evals": evals, "config": config,
+            "rl": read_metrics(folder / "rl" / "metrics.jsonl")}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def eval_table(run: dict) -> str:
+    rows = ["| model | mode | Pass@1 | Pass@8 | format valid | obs exact | pred exact | obs cells | pred cells |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (stage, mode), m in run["evals"].items():
+        wm = m.get("world_model", {})
+        rows.append(f"| {EVAL_STAGES[stage]} | {mode} | {_pct(m['pass_at_k'].get('pass@1'))} | "
+                    f"{_pct(m['pass_at_k'].get('pass@8'))} | {_pct(m['format_valid_rate'])} | "
+                    + " | ".join(_pct(wm.get(k)) for k in WM_KEYS) + " |")
+    return "\n".join(rows)
+
+
+def plot_rl(run: dict, out: Path) -> list[Path]:
+    """Training curves: rollout reward/success and the periodic evaluation's Pass@k."""
+    records = run["rl"]
+    if not records:
+        return []
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [r["step"] for r in records if "rollout/reward_mean" in r]
+    ax.plot(steps, [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r], label="reward")
+    ax.plot(steps, [r["rollout/success"] for r in records if "rollout/reward_mean" in r], label="success")
+    ax.set_xlabel("RL step")
+    ax.set_title(f"{run['name']}: training rollouts")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "rl_rollouts.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    evals = [r for r in records if "eval/pass@1" in r]
+    if evals:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key in sorted({k for r in evals for k in r if k.startswith("eval/pass@")}):
+            ax.plot([r["step"] for r in evals], [r.get(key) for r in evals], marker="o", label=key[5:])
+        ax.set_xlabel("RL step")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{run['name']}: evaluation Pass@k")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / "rl_eval.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def plot_world_model(run: dict, out: Path) -> list[Path]:
+    """World-model accuracy of each evaluated model (bars)."""
+    entries = [(EVAL_STAGES[s], m["world_model"]) for (s, mode), m in run["evals"].items()
+               if mode == "world_model" and "world_model" in m]
+    if not entries:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(entries)
+    for i, (label, wm) in enumerate(entries):
+        ax.bar([j + i * width for j in range(len(WM_KEYS))], [wm.get(k, 0) for k in WM_KEYS], width, label=label)
+    ax.set_xticks([j + width * (len(entries) - 1) / 2 for j in range(len(WM_KEYS))],
+                  [k.replace("_", "\n") for k in WM_KEYS], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{run['name']}: world-model accuracy")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "world_model.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def write_report(folder: str | Path) -> Path:
+    """Write ``report.md`` (and its PNG plots) into the run folder."""
+    run = load_run(folder)
+    folder = Path(folder)
+    plots = plot_rl(run, folder) + plot_world_model(run, folder)
+    stages = run["stages"]
+    lines = [f"# Run {run['name']}", "", "## Evaluation", "", eval_table(run), "",
+             "Pass@k: unbiased estimator over the samples of each evaluation seed; world-model columns: exact "
+             "match and per-cell accuracy of `<observation>` / `<prediction>` against the true states (world_model "
+             "mode).", ""]
+    for name in ("bootstrap", "selfplay"):
+        if name in stages:
+            o = stages[name]["outputs"]
+            lines.append(f"- {name} data: {o['kept']} SFT examples from {o['turns']} turns "
+                         f"({o['malformed']} malformed dropped), episode success {_pct(o['success_rate'])}%.")
+    if "sft" in stages:
+        for e in stages["sft"]["outputs"]["history"]:
+            lines.append(f"- SFT epoch {e['epoch']}: train loss {e['train_loss']:.3f}, val loss {e['val_loss']:.3f}, "
+                         f"held-out next-state exact {_pct(e['val_prediction_exact'])}%")
+    if run["rl"]:
+        last = run["rl"][-1]
+        lines.append(f"- RL: {last['step']} steps, last rollout reward {last.get('rollout/reward_mean', 0):+.3f}, "
+                     f"success {_pct(last.get('rollout/success'))}%")
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    lines += ["", "## Stages", "", "| stage | wall time (s) |", "|---|---:|"]
+    lines += [f"| {name} | {entry['seconds']} |" for name, entry in stages.items()]
+    lines += ["", "## Recipe", "", "```yaml", run["config"].rstrip(), "```", ""]
+    return atomic_write_text(folder / "report.md", "\n".join(lines))
+
+
+def compare(folders: list[str | Path], out: str | Path) -> Path:
+    """A side-by-side table of runs (before/after Pass@1 and Pass@8) and overlaid curves."""
+    runs = [load_run(f) for f in folders]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = ["| run | method | env | base Pass@1 | base Pass@8 | final Pass@1 | final Pass@8 | RL wall time (s) |",
+            "|---|---|---|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        recipe = _recipe_summary(run["config"])
+        mode = next((m for (s, m) in run["evals"] if s == "eval_final"), None)
+        base = run["evals"].get(("eval_base", mode), {}).get("pass_at_k", {})
+        final = run["evals"].get(("eval_final", mode), {}).get("pass_at_k", {})
+        rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | "
+                    f"{_pct(base.get('pass@1'))} | {_pct(base.get('pass@8'))} | {_pct(final.get('pass@1'))} | "
+                    f"{_pct(final.get('pass@8'))} | {run['stages'].get('rl', {}).get('seconds', '-')} |")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for run in runs:
+        records = [r for r in run["rl"] if "rollout/reward_mean" in r]
+        axes[0].plot([r["step"] for r in records], [r["rollout/reward_mean"] for r in records], label=run["name"])
+        evals = [r for r in run["rl"] if "eval/pass@1" in r]
+        axes[1].plot([r["step"] for r in evals], [r["eval/pass@1"] for r in evals], marker="o", label=run["name"])
+    axes[0].set_title("rollout reward")
+    axes[1].set_title("evaluation Pass@1")
+    for ax in axes:
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    plt.close(fig)
+    text = "\n".join(["# Comparison", "", *rows, "", "![curves](curves.png)", ""])
+    return atomic_write_text(out / "comparison.md", text)
+
+
+def _recipe_summary(config_text: str) -> dict:
+    import yaml
+
+    data = yaml.safe_load(config_text) or {}
+    return {"method": data.get("method"), "env": (data.get("env") or {}).get("name")}

@@ -1,0 +1,207 @@
+"""``spa run``: the stages of a recipe into ``runs/NAME/``, resumable at any point.
+
+Stages, in order (the SPA-only ones are skipped for the baselines):
+
+    bootstrap   random-exploration data + SFT that teaches the format (optional, spa)
+    selfplay    world-model self-play with ground-truth replacement (spa)
+    sft         world-model SFT on the self-play data (spa)
+    eval_base   the base model, before any training
+    eval_sft    the SFT checkpoint (spa)
+    rl          PPO / GRPO from the SFT checkpoint (spa) or the base model
+    eval_final  the RL policy
+    report      report.md and plots
+
+``runs/NAME/stages.json`` records each finished stage (outputs and wall time), written
+atomically after the stage; running the same command again skips finished stages and
+resumes an interrupted SFT (last epoch) or RL stage (last checkpoint). The resolved
+recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from spa.agent.prompts import PromptConfig
+from spa.agent.rollout import RolloutConfig
+from spa.config import save, to_dict
+from spa.eval.evaluate import EvalConfig, evaluate
+from spa.io import write_json, write_jsonl
+from spa.models import load_model
+from spa.models.engine import Engine
+from spa.pipeline.recipe import Recipe
+from spa.rl.ppo import resume_point
+from spa.rl.ppo import train as train_rl
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+from spa.worldmodel.sft import last_checkpoint, load_examples
+from spa.worldmodel.sft import train as train_sft
+
+STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report")
+SPA_ONLY = {"bootstrap", "selfplay", "sft", "eval_sft"}
+
+
+class Run:
+    """A run folder and its record of finished stages."""
+
+    def __init__(self, recipe: Recipe, folder: str | Path, log: Callable[[str], None] = print):
+        self.recipe, self.dir, self.log = recipe, Path(folder), log
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = self.dir / "config.yaml"
+        if config.exists():
+            from spa.config import load
+
+            previous = to_dict(load(Recipe, config))
+            if previous != to_dict(recipe):
+                changed = sorted(_diff(previous, to_dict(recipe)))
+                raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
+                                 "choose another run name or delete the folder")
+        else:
+            save(recipe, config)
+        path = self.dir / "stages.json"
+        self.stages: dict = json.loads(path.read_text()) if path.exists() else {}
+
+    def stage_list(self) -> list[str]:
+        skip = set() if self.recipe.method == "spa" else SPA_ONLY
+        if self.recipe.method == "spa" and not self.recipe.selfplay.bootstrap_episodes:
+            skip.add("bootstrap")
+        return [s for s in STAGES if s not in skip]
+
+    def run(self) -> dict:
+        for stage in self.stage_list():
+            if stage in self.stages:
+                self.log(f"stage {stage}: done earlier, skipped")
+                continue
+            self.log(f"stage {stage}: running")
+            start = time.perf_counter()
+            outputs = getattr(self, f"_{stage}")()
+            self.stages[stage] = {"outputs": outputs, "seconds": round(time.perf_counter() - start, 1)}
+            write_json(self.dir / "stages.json", self.stages)
+            gc.collect()
+            self.log(f"stage {stage}: finished in {self.stages[stage]['seconds']} s")
+        return self.stages
+
+    # ------------------------------------------------------------------ helpers
+
+    def output(self, stage: str, key: str = "model"):
+        return self.stages[stage]["outputs"][key]
+
+    def start_model(self) -> str:
+        """Where RL starts: the SFT checkpoint for spa, the base model otherwise."""
+        return self.output("sft") if self.recipe.method == "spa" else self.recipe.model
+
+    def prompt(self, mode: str) -> PromptConfig:
+        p = self.recipe.prompt
+        return PromptConfig(mode, p.max_turns, p.max_actions, history_turns=0)
+
+    def _selfplay_data(self, model: str | None, out: Path, exploration: str, episodes: int, samples: int) -> dict:
+        r = self.recipe
+        s = r.selfplay
+        config = SelfPlayConfig(env=r.env.name, env_config=dict(r.env.options), episodes=episodes, samples=samples,
+                                max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
+                                max_new_tokens=s.max_new_tokens, states=s.states, exploration=exploration,
+                                coords=s.coords, seed=r.seed)
+        engine = tokenizer = None
+        if exploration == "self_play":
+            lm, tokenizer = load_model(model, dtype="bf16")
+            engine = Engine(lm, tokenizer)
+        examples, stats = build_examples(collect(engine, tokenizer, config), config)
+        write_jsonl(out, examples)
+        write_json(out.with_suffix(".stats.json"), stats)
+        if not examples:
+            raise RuntimeError(f"self-play kept no example ({stats['dropped_malformed']} of {stats['turns']} "
+                               "turns malformed): the model cannot write the world-model format yet; set "
+                               "selfplay.bootstrap_episodes > 0 for a format bootstrap")
+        return {"data": str(out), "kept": stats["kept"], "turns": stats["turns"],
+                "malformed": stats["dropped_malformed"], "success_rate": stats["success_rate"]}
+
+    def _fine_tune(self, model: str, data: str, out: Path, epochs: int) -> str:
+        checkpoint = last_checkpoint(out) if out.exists() else None
+        lm, tokenizer = load_model(str(checkpoint) if checkpoint else model, dtype="fp32")
+        config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.seed)
+        if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
+            train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
+        return str(last_checkpoint(out))
+
+    def _evaluate(self, model: str, name: str) -> dict:
+        r = self.recipe
+        lm, tokenizer = load_model(model, dtype="bf16")
+        results = {}
+        modes = [r.rl_mode] + (["world_model"] if r.eval.world_model and r.rl_mode != "world_model" else [])
+        for mode in modes:
+            config = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(mode), r.eval.num_envs,
+                                r.eval.samples, r.eval.temperature, max_new_tokens=r.eval.max_new_tokens,
+                                seed=r.seed)
+            out = self.dir / "eval" / f"{name}-{mode}"
+            metrics = evaluate(lm, tokenizer, config, out, model_name=model)
+            results[mode] = {"metrics": str(out / "metrics.json"), "success": metrics["success_rate"],
+                             **metrics["pass_at_k"], "seconds": metrics["wall_seconds"]}
+        return results
+
+    # ------------------------------------------------------------------ stages
+
+    def _bootstrap(self) -> dict:
+        s = self.recipe.selfplay
+        data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1)
+        model = self._fine_tune(self.recipe.model, data["data"], self.dir / "bootstrap", s.bootstrap_epochs)
+        return {**data, "model": model}
+
+    def _selfplay(self) -> dict:
+        s = self.recipe.selfplay
+        model = self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
+        return self._selfplay_data(model, self.dir / "data" / "selfplay.jsonl", s.exploration, s.episodes, s.samples)
+
+    def _sft(self) -> dict:
+        start = self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
+        model = self._fine_tune(start, self.output("selfplay", "data"), self.dir / "sft", self.recipe.sft.epochs)
+        return {"model": model, "history": json.loads((self.dir / "sft" / "metrics.json").read_text())["epochs"]}
+
+    def _eval_base(self) -> dict:
+        return self._evaluate(self.recipe.model, "base")
+
+    def _eval_sft(self) -> dict:
+        return self._evaluate(self.output("sft"), "sft")
+
+    def _rl(self) -> dict:
+        r = self.recipe
+        out = self.dir / "rl"
+        checkpoint = resume_point(out)
+        lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.start_model(), dtype="fp32")
+        rollout_config = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
+        config = replace(r.ppo, seed=r.seed)
+        probe = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode),
+                           num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
+                           max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
+
+        def evaluate_fn(policy, step: int) -> dict:
+            return evaluate(policy, tokenizer, probe, out / "eval" / f"step-{step}", progress=False,
+                            dtype=torch.bfloat16 if config.bf16 else None)
+
+        train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
+        return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl")}
+
+    def _eval_final(self) -> dict:
+        return self._evaluate(self.output("rl"), "final")
+
+    def _report(self) -> dict:
+        from spa.pipeline.report import write_report
+
+        return {"report": str(write_report(self.dir))}
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> set[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    keys = set(a) | set(b)
+    out = set()
+    for k in keys:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out |= _diff(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.add(f"{prefix}{k}")
+    return out

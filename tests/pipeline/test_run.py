@@ -1,0 +1,124 @@
+"""``spa run`` end to end on the tiny model: stages, report, resume, compare."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from spa.cli import app
+from spa.config import ConfigError
+from spa.pipeline.recipe import CONFIGS, load_recipe
+from spa.pipeline.run import Run
+from spa.rl import logger as logger_module
+
+# The smallest budget that exercises every stage. Self-play uses the random-exploration
+# switch: the random tiny model never writes a well-formed turn, even after the bootstrap.
+TINY = """
+model: tiny
+selfplay: {episodes: 4, samples: 2, max_new_tokens: 8, bootstrap_episodes: 4, exploration: random}
+sft: {epochs: 1, batch_size: 4, val_fraction: 0.0, bf16: false}
+ppo: {steps: 2, groups: 2, samples: 2, keep_fraction: 1.0, max_new_tokens: 8, minibatch_size: 4,
+      micro_batch_size: 2, eval_every: 1, save_every: 1, tensorboard: false, bf16: false}
+eval: {num_envs: 2, samples: 2, max_new_tokens: 8}
+prompt: {max_turns: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("preset") / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(preset, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs") / "straight"
+    Run(load_recipe(CONFIGS / "sokoban-spa.yaml", preset=str(preset)), folder, log=lambda _: None).run()
+    return folder
+
+
+def test_every_stage_runs_and_the_report_is_written(finished):
+    stages = json.loads((finished / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"]
+    report = (finished / "report.md").read_text()
+    for label in ("base model", "after world-model SFT", "after RL"):
+        assert label in report
+    for plot in ("rl_rollouts.png", "rl_eval.png", "world_model.png"):
+        assert (finished / plot).stat().st_size > 1000
+    # RL started from the SFT checkpoint, which started from the bootstrap checkpoint
+    assert stages["sft"]["outputs"]["model"].endswith("sft/epoch-1")
+    assert [r["step"] for r in map(json.loads, (finished / "rl" / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+
+
+def test_an_interrupted_run_continues_to_the_same_result(preset, finished, tmp_path, monkeypatch):
+    folder = tmp_path / "interrupted"
+    recipe = load_recipe(CONFIGS / "sokoban-spa.yaml", preset=str(preset))
+    original = logger_module.MetricsLogger.log
+
+    def crash_at_step_2(self, step, metrics):
+        if step == 2:
+            raise KeyboardInterrupt
+        original(self, step, metrics)
+
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", crash_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        Run(recipe, folder, log=lambda _: None).run()
+    assert "rl" not in json.loads((folder / "stages.json").read_text())
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", original)
+    Run(recipe, folder, log=lambda _: None).run()
+    a = load_file(finished / "rl" / "checkpoint" / "policy" / "model.safetensors")
+    b = load_file(folder / "rl" / "checkpoint" / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("final-state", "final-world_model"):
+        ma = json.loads((finished / "eval" / name / "metrics.json").read_text())
+        mb = json.loads((folder / "eval" / name / "metrics.json").read_text())
+        for volatile in ("wall_seconds", "tokens_per_second", "model"):
+            ma.pop(volatile), mb.pop(volatile)
+        assert ma == mb
+    assert (folder / "rl" / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_a_rerun_skips_finished_stages_and_refuses_another_recipe(preset, finished, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(finished, folder)
+    logs = []
+    Run(load_recipe(CONFIGS / "sokoban-spa.yaml", preset=str(preset)), folder, log=logs.append).run()
+    assert all("skipped" in line for line in logs)
+    other = load_recipe(CONFIGS / "sokoban-spa.yaml", ["ppo.steps=3"], preset=str(preset))
+    with pytest.raises(ValueError, match="ppo.steps"):
+        Run(other, folder)
+
+
+def test_compare_command_tables_the_runs(finished, tmp_path):
+    result = CliRunner().invoke(app, ["compare", str(finished), str(finished), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert table.count("| straight | spa | sokoban |") == 2
+    assert (tmp_path / "cmp" / "curves.png").exists()
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+@pytest.mark.parametrize("budget", ["quick", "paper"])
+def test_every_shipped_recipe_loads(recipe, budget):
+    loaded = load_recipe(CONFIGS / recipe, preset=budget)
+    assert loaded.env.name in recipe
+
+
+def test_recipe_errors_name_the_bad_value():
+    with pytest.raises(ConfigError, match="did you mean 'ppo.steps'"):
+        load_recipe(CONFIGS / "sokoban-spa.yaml", ["ppo.stepz=3"])
+    with pytest.raises(ValueError, match="valid: paper, quick"):
+        load_recipe(CONFIGS / "sokoban-spa.yaml", preset="huge")
+    with pytest.raises(ConfigError, match="method"):
+        load_recipe(CONFIGS / "sokoban-spa.yaml", ["method=magic"])
+
+
+def test_run_command_reports_a_bad_recipe_cleanly(tmp_path):
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "missing.yaml")])
+    assert result.exit_code != 0 and "does not exist" in result.output
+    assert not Path("runs/missing-quick").exists()
