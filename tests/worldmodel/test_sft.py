@@ -101,3 +101,53 @@ def test_training_lowers_the_loss_and_resume_matches_an_uninterrupted_run(tiny, 
     assert last_checkpoint(tmp_path / "b").name == "epoch-2"
     for (name, a), (_, c) in zip(model_a.named_parameters(), model_c.named_parameters()):
         torch.testing.assert_close(a, c, msg=name, atol=1e-5, rtol=1e-4)
+
+
+def test_lora_trains_adapters_saves_a_plain_model_and_resumes_exactly(tiny, tmp_path, monkeypatch):
+    import spa.worldmodel.sft as sft
+    from spa.models import load_model
+    from spa.worldmodel.sft import resume_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=8, max_turns=1)
+    config = SFTConfig(lr=3e-3, epochs=2, batch_size=4, val_fraction=0.25, val_examples_generate=2,
+                       val_max_new_tokens=8, bf16=False, lora_rank=4)
+
+    def loader(name):
+        return load_model(name, dtype="fp32")
+
+    base, _ = loader("tiny")
+    original = {k: v.clone() for k, v in base.state_dict().items()}
+    train(base, tokenizer, examples, config, tmp_path / "a", progress=False)
+    final = tmp_path / "a" / "epoch-2"
+    assert (final / "adapter" / "adapter_config.json").is_file()
+    merged, _ = loader(str(final))  # a plain Hugging Face model
+    assert not hasattr(merged, "peft_config")
+    weights = merged.state_dict()
+    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"],
+                           original["model.layers.0.self_attn.q_proj.weight"])
+    # LoRA never touches the embeddings or the norms
+    assert torch.equal(weights["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
+    assert torch.equal(weights["model.norm.weight"], original["model.norm.weight"])
+    # the merged weights compute what base + adapters compute
+    adapted, _ = resume_model(loader, "tiny", final)
+    ids = torch.tensor([tokenizer("Turn 1. Current state:\n#P_#")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-4, rtol=1e-4)
+
+    real_save = sft.save_checkpoint
+
+    def save_then_interrupt(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft, "save_checkpoint", save_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(loader("tiny")[0], tokenizer, examples, config, tmp_path / "b", progress=False)
+    monkeypatch.setattr(sft, "save_checkpoint", real_save)
+    checkpoint = last_checkpoint(tmp_path / "b")
+    resumed, _ = resume_model(loader, "tiny", checkpoint)
+    train(resumed, tokenizer, examples, config, tmp_path / "b", resume_from=checkpoint, progress=False)
+    again, _ = loader(str(tmp_path / "b" / "epoch-2"))
+    for (name, a), (_, b) in zip(merged.named_parameters(), again.named_parameters()):
+        torch.testing.assert_close(a, b, msg=name, atol=1e-5, rtol=1e-4)

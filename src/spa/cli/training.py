@@ -75,20 +75,22 @@ def sft(
     val_fraction: float = typer.Option(0.1, min=0.0, max=0.9, help="Held-out share of episodes."),
     max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
     resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
+    lora_rank: int = typer.Option(0, min=0, help="LoRA adapters of this rank (peft) instead of full fine-tuning; 0: off."),
     seed: int = typer.Option(0, help="Data order and split seed."),
 ) -> None:
     """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
-    from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, train
+    from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
 
     if not Path(data).is_file():
         raise typer.BadParameter(f"data file {data!r} does not exist")
     config = SFTConfig(lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
-                       max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed)
+                       max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed,
+                       lora_rank=lora_rank)
     checkpoint = last_checkpoint(Path(out)) if resume else None
     if checkpoint is not None:
         console.print(f"resuming from {checkpoint}")
     # Weights stay fp32 (bf16 autocast does the compute); a resumed run continues the checkpoint.
-    lm, tokenizer = load(str(checkpoint) if checkpoint is not None else model, "fp32")
+    lm, tokenizer = resume_model(lambda name: load(name, "fp32"), model, checkpoint)
     history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
     for record in history:
         console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "

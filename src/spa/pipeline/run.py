@@ -39,7 +39,7 @@ from spa.pipeline.recipe import Recipe
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
-from spa.worldmodel.sft import last_checkpoint, load_examples
+from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
 STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report")
@@ -122,7 +122,7 @@ class Run:
 
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int) -> str:
         checkpoint = last_checkpoint(out) if out.exists() else None
-        lm, tokenizer = load_model(str(checkpoint) if checkpoint else model, dtype="fp32")
+        lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
         config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.seed)
         if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)

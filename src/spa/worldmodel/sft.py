@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
+from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
 
 
@@ -136,6 +137,7 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
     from spa.models.engine import Engine, SamplingParams
 
     model.eval()
+    generator = merged_copy(model)  # adapters folded in, so generation takes the fast path
     total, count = 0.0, 0
     for start in range(0, len(examples), config.batch_size):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and _on_cpu(model)):
@@ -152,7 +154,7 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
         prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
     params = SamplingParams(max_new_tokens=config.val_max_new_tokens, temperature=0.0, stop=("</prediction>",))
     dtype = torch.bfloat16 if config.bf16 and _on_cpu(model) else None
-    outputs = Engine(model, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
+    outputs = Engine(generator, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
     return {"val_loss": total / max(count, 1), "val_prediction_exact": float(np.mean(hits)) if hits else 0.0,
             "val_examples": len(examples)}
@@ -163,14 +165,29 @@ def _on_cpu(model) -> bool:
 
 
 def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict]) -> Path:
-    """Write ``out/epoch-N`` atomically: weights (HF format), tokenizer, optimizer state."""
+    """Write ``out/epoch-N`` atomically: weights (HF format), tokenizer, optimizer state;
+    with LoRA the weights are merged and the adapters go to ``adapter/`` as well."""
     final = out / f"epoch-{epoch}"
     with atomic_dir(final) as tmp:
-        model.save_pretrained(tmp)
+        merged_copy(model).save_pretrained(tmp)  # a plain model, whatever the training used
+        if is_lora(model):
+            model.save_pretrained(tmp / "adapter")  # the adapters alone, to resume exactly
         tokenizer.save_pretrained(tmp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "epoch": epoch, "history": history}, tmp / "trainer_state.pt")
     return final
+
+
+def resume_model(load, base: str, checkpoint: Path | None):
+    """``(model, tokenizer)`` to train: ``load(base)``, or the checkpoint to resume from.
+
+    A LoRA checkpoint resumes from the base weights plus its saved adapters (its merged
+    weights would restart the adapters from zero and break the optimizer state).
+    """
+    if checkpoint is not None and (checkpoint / "adapter").is_dir():
+        model, tokenizer = load(base)
+        return load_adapter(model, checkpoint / "adapter"), tokenizer
+    return load(str(checkpoint) if checkpoint is not None else base)
 
 
 def last_checkpoint(out: Path) -> Path | None:
@@ -183,12 +200,15 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
           resume_from: Path | None = None, progress: bool = True) -> list[dict]:
     """Run world-model SFT; returns the per-epoch history (also in ``out/metrics.json``).
 
-    ``resume_from`` is a checkpoint folder whose weights ``model`` already holds; its
-    optimizer and scheduler state are restored and training continues with the next epoch.
+    ``resume_from`` is a checkpoint folder whose weights ``model`` already holds (see
+    :func:`resume_model`); its optimizer and scheduler state are restored and training
+    continues with the next epoch. ``config.lora_rank > 0`` trains LoRA adapters only.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
+    if config.lora_rank and not is_lora(model):
+        model = add_lora(model, config.lora_rank)
     train_raw, val_raw = split(examples, config.val_fraction, config.seed)
     train_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in train_raw]
     val_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in val_raw]
