@@ -15,19 +15,29 @@ from the fp32 master weights, so the first ratio is close to, not exactly, 1).
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step; the seeds, sampling and minibatch order of a step depend only
 on (seed, step), so a resumed run repeats what the uninterrupted run would have done.
+
+Under ``accelerate launch`` (see :mod:`spa.distributed`) each process plays its share of
+the step's seeds (group ids stay global, so a group lives on one process); the group
+filter is decided on all groups' reward spreads; advantages are computed where the
+episodes are (GAE runs per episode, GRPO per group); the minibatches are those of the
+global sample list, each process training the members it holds with losses weighted by
+the minibatch's global count, and the gradients are summed before each optimizer step.
+The result is the single-process update whatever the number of processes. The main
+process logs global metrics, runs the evaluations and writes the checkpoints.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from spa import distributed
 from spa.agent.rollout import RolloutConfig, Trajectory, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
@@ -98,24 +108,65 @@ class PPOConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
 
 
-def keep_groups(trajectories: list[Trajectory], fraction: float) -> list[Trajectory]:
-    """The trajectories of the ``ceil(fraction x groups)`` groups with the highest reward std."""
+def group_spread(trajectories: list[Trajectory]) -> dict[int, float]:
+    """The reward std of each group: how much its samples disagree."""
     groups: dict[int, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.group, []).append(t)
-    spread = {g: float(np.std([t.total_reward for t in ts])) for g, ts in groups.items()}
-    n = max(1, math.ceil(fraction * len(groups)))
-    kept = set(sorted(groups, key=lambda g: (-spread[g], g))[:n])
+    return {g: float(np.std([t.total_reward for t in ts])) for g, ts in groups.items()}
+
+
+def top_groups(spread: dict[int, float], fraction: float) -> set[int]:
+    """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first)."""
+    n = max(1, math.ceil(fraction * len(spread)))
+    return set(sorted(spread, key=lambda g: (-spread[g], g))[:n])
+
+
+def keep_groups(trajectories: list[Trajectory], fraction: float) -> list[Trajectory]:
+    """The trajectories of the ``ceil(fraction x groups)`` groups with the highest reward std."""
+    kept = top_groups(group_spread(trajectories), fraction)
     return [t for t in trajectories if t.group in kept]
 
 
-def _minibatches(samples: list[Sample], config: PPOConfig, rng: np.random.Generator):
-    """Shuffled minibatches, each a list of micro-batches, for ``ppo_epochs`` passes."""
+@dataclass(frozen=True)
+class Entry:
+    """One training turn of the step, as every process knows it (see :func:`sample_table`)."""
+
+    key: tuple[int, int, int]  # (group, sample, turn): the single-process order
+    units: int  # what the aggregation averages over (see _units)
+    tokens: int  # prompt + response tokens
+    rank: int  # the process that holds the Sample
+    index: int  # its index in that process's samples
+
+
+def sample_table(samples: list[Sample], kept: list[Trajectory], aggregation: str) -> list[Entry]:
+    """Every process's training turns, in the order one process would have them.
+
+    A single process orders the turns by (group, sample, turn); the table restores that
+    order over all processes, so the minibatches drawn from it are the single-process
+    minibatches, and each process knows every minibatch's global weight.
+    """
+    rank = distributed.world()[0]
+    mine = [Entry((kept[s.episode].group, kept[s.episode].sample, s.turn), _units([s], aggregation), len(s.ids),
+                  rank, i) for i, s in enumerate(samples)]
+    return sorted(distributed.gather(mine), key=lambda e: e.key)
+
+
+def _minibatches(samples: list[Sample], table: list[Entry], config: PPOConfig, rng: np.random.Generator):
+    """Shuffled minibatches for ``ppo_epochs`` passes: this process's micro-batches of each,
+    and the minibatch's global units (every process, so the weighting is global).
+
+    Every process draws the same permutation of the global table and yields the same
+    number of minibatches, possibly with no micro-batch of its own.
+    """
+    rank = distributed.world()[0]
     for _ in range(config.ppo_epochs):
-        order = rng.permutation(len(samples))
+        order = rng.permutation(len(table))
         for lo in range(0, len(order), config.minibatch_size):
-            mb = [samples[i] for i in order[lo: lo + config.minibatch_size]]
-            yield [mb[j: j + config.micro_batch_size] for j in range(0, len(mb), config.micro_batch_size)]
+            entries = [table[i] for i in order[lo: lo + config.minibatch_size]]
+            mb = [samples[e.index] for e in entries if e.rank == rank]
+            total = sum(e.units for e in entries)
+            yield [mb[j: j + config.micro_batch_size] for j in range(0, len(mb), config.micro_batch_size)], total
 
 
 def _units(samples: list[Sample], aggregation: str) -> int:
@@ -124,28 +175,35 @@ def _units(samples: list[Sample], aggregation: str) -> int:
     return sum(s.response_length for s in samples) if aggregation == "token-mean" else len(samples)
 
 
+def _on_device(tensors, model) -> list[torch.Tensor]:
+    """Tensors on the model's device (a no-op on CPU)."""
+    device = next(model.parameters()).device
+    return [t.to(device) for t in tensors]
+
+
 def _optimizer_step(params, optimizer, max_norm: float) -> float:
+    """Sum the processes' gradients (nothing alone), clip, step."""
+    distributed.all_reduce_grads(params)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)
 
 
-def update_actor(policy, reference, optimizer, samples: list[Sample], config: PPOConfig, pad_id: int,
-                 autocast, rng: np.random.Generator) -> dict:
+def update_actor(policy, reference, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
+                 pad_id: int, autocast, rng: np.random.Generator) -> dict:
     """PPO clipped policy loss - entropy bonus (+ KL to the reference), over minibatches."""
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
     totals: dict[str, float] = {}
     count, norms = 0, []
-    for micro_batches in _minibatches(samples, config, rng):
-        total = _units([s for mb in micro_batches for s in mb], config.aggregation)
+    for micro_batches, total in _minibatches(samples, table, config, rng):
         for mb in micro_batches:
-            batch = collate(mb, pad_id)
+            batch = _on_device(collate(mb, pad_id), policy)
             with autocast:
                 logprobs, entropy, mask = policy_forward(policy, *batch)
-            old, _ = pad_responses([s.old_logprobs for s in mb])
-            adv, _ = pad_responses([s.advantages for s in mb])
+            old, adv = _on_device([pad_responses([s.old_logprobs for s in mb])[0],
+                                   pad_responses([s.advantages for s in mb])[0]], policy)
             loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
                                            config.dual_clip, config.aggregation)
             ent = core.aggregate(entropy, mask, config.aggregation)
@@ -163,23 +221,23 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], config: PP
                 totals[k] = totals.get(k, 0.0) + v * n
             count += n
         norms.append(_optimizer_step(params, optimizer, config.max_grad_norm))
+    totals, count = distributed.sum_stats(totals, count)
     stats = {f"actor/{k}": v / max(count, 1) for k, v in totals.items()}
     return {**stats, "actor/grad_norm": float(np.mean(norms)) if norms else 0.0}
 
 
-def update_critic(critic: Critic, optimizer, samples: list[Sample], config: PPOConfig, pad_id: int,
-                  autocast, rng: np.random.Generator) -> dict:
+def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
+                  pad_id: int, autocast, rng: np.random.Generator) -> dict:
     """Clipped value loss towards the GAE returns, over minibatches."""
     params = [p for p in critic.parameters() if p.requires_grad]
     critic.train()
     totals, count = {"value_loss": 0.0, "vf_clipfrac": 0.0}, 0
-    for micro_batches in _minibatches(samples, config, rng):
-        total = _units([s for mb in micro_batches for s in mb], config.aggregation)
+    for micro_batches, total in _minibatches(samples, table, config, rng):
         for mb in micro_batches:
             with autocast:
-                values, mask = critic(*collate(mb, pad_id))
-            old, _ = pad_responses([s.old_values for s in mb])
-            returns, _ = pad_responses([s.returns for s in mb])
+                values, mask = critic(*_on_device(collate(mb, pad_id), critic))
+            old, returns = _on_device([pad_responses([s.old_values for s in mb])[0],
+                                       pad_responses([s.returns for s in mb])[0]], critic)
             loss, stats = core.value_loss(values, old, returns, mask, config.value_clip, config.aggregation)
             (loss * _units(mb, config.aggregation) / total).backward()
             n = int(mask.sum())
@@ -187,6 +245,7 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], config: PPOC
             totals["vf_clipfrac"] += stats["vf_clipfrac"] * n
             count += n
         _optimizer_step(params, optimizer, config.max_grad_norm)
+    totals, count = distributed.sum_stats(totals, count)
     return {f"critic/{k}": v / max(count, 1) for k, v in totals.items()}
 
 
@@ -231,91 +290,143 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     entries are logged under ``eval/``). ``resume_from`` is a checkpoint whose policy
     weights ``policy`` already holds; the critic and optimizers are restored from it.
     ``engine`` replaces the generation engine (tests script the responses with it).
+    Launched on several processes, they train one policy together (module docstring).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    on_cpu = next(policy.parameters()).device.type == "cpu"
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and on_cpu)
+    policy = distributed.place(policy)
+    distributed.sync_params(policy)
+    device = next(policy.parameters()).device
+    on_cpu = device.type == "cpu"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16)
     reference = None
     if config.kl_coef > 0:
         import copy
 
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = Critic(policy) if config.algorithm == "ppo" else None
+    critic = Critic(policy).to(device) if config.algorithm == "ppo" else None
     actor_opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.actor_lr,
                                   weight_decay=0.0)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0) if critic else None
     start = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        state = torch.load(resume_from / "trainer_state.pt", weights_only=False, map_location="cpu")
         actor_opt.load_state_dict(state["actor_opt"])
         if critic is not None:
             critic.load_state_dict(state["critic"])
             critic_opt.load_state_dict(state["critic_opt"])
         start = state["step"]
-    write_json(out / "config.json", {"ppo": asdict(config), "rollout": asdict(rollout_config)})
-    logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard)
+    if critic is not None:
+        distributed.sync_params(critic)
+    main = distributed.is_main()
+    if main:
+        write_json(out / "config.json", {"ppo": asdict(config), "rollout": asdict(rollout_config)})
+    logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard) if main else _NoLogger()
     if engine is None:
         engine = Engine(policy, tokenizer, dtype=torch.bfloat16 if config.bf16 and on_cpu else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:
-        logger.log(0, _eval_entries(evaluate_fn(policy, 0)))
+        logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0))))
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress) as bar:
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress or not main) as bar:
         task = bar.add_task(f"{config.algorithm} {rollout_config.env}", total=config.steps, completed=start,
                             info="")
         for step in range(start, config.steps):
             began = time.perf_counter()
-            # 1. Roll out: a fresh block of training seeds per step, groups of samples per seed.
-            seeds = train_seeds(config.groups, config.seed_start + step * config.groups)
-            sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                      seed=config.seed * 1_000_003 + step)
-            trajectories = rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling)
-            metrics = rollout_metrics(trajectories)
+            # 1. Roll out: a fresh block of training seeds per step, groups of samples per
+            # seed; each process plays its share of the seeds.
+            trajectories = _play(engine, tokenizer, rollout_config, config, step)
+            metrics = rollout_metrics(_everyone(trajectories))
             rollout_seconds = time.perf_counter() - began
-            # 2. Keep the groups whose samples disagree most.
-            kept = keep_groups(trajectories, config.keep_fraction)
+            # 2. Keep the groups whose samples disagree most (ranked over all processes' groups).
+            kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
+                                  config.keep_fraction)
+            kept = [t for t in trajectories if t.group in kept_ids]
             samples = turn_samples(kept)
-            # 3. Advantages.
+            table = sample_table(samples, kept, config.aggregation)
+            # 3. Advantages, where the episodes are: whole groups live on one process.
             if critic is not None:
                 critic.eval()
                 with autocast:
-                    values = critic.values(collate(samples[i: i + config.micro_batch_size], pad_id)
+                    values = critic.values(_on_device(collate(samples[i: i + config.micro_batch_size], pad_id), critic)
                                            for i in range(0, len(samples), config.micro_batch_size))
                 for s, v in zip(samples, values):
-                    s.old_values = v.float()
-                critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
-                v, mask = pad_responses([s.old_values for s in samples])
-                r, _ = pad_responses([s.returns for s in samples])
+                    s.old_values = v.float().cpu()
+                if samples:
+                    critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
+                v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
+                r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
                 metrics["critic/explained_variance"] = core.explained_variance(v, r, mask)
-            else:
+            elif samples:
                 group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
             # 4. Update.
             rng = np.random.default_rng([config.seed, step])
-            metrics.update(update_actor(policy, reference, actor_opt, samples, config, pad_id, autocast, rng))
+            metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id, autocast, rng))
             if critic is not None:
-                metrics.update(update_critic(critic, critic_opt, samples, config, pad_id, autocast,
+                metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id, autocast,
                                              np.random.default_rng([config.seed, step, 1])))
             # 5. Log, evaluate, checkpoint.
             seconds = time.perf_counter() - began
-            tokens = sum(len(s.ids) for s in samples)
-            metrics.update({"charts/kept_groups": len({t.group for t in kept}), "charts/train_turns": len(samples),
+            tokens = sum(e.tokens for e in table)
+            metrics.update({"charts/kept_groups": len(kept_ids), "charts/train_turns": len(table),
                             "charts/rollout_seconds": rollout_seconds, "charts/step_seconds": seconds,
                             "charts/train_tokens_per_second": tokens / max(seconds - rollout_seconds, 1e-9)})
             done = step + 1
             if evaluate_fn is not None and config.eval_every and (done % config.eval_every == 0
                                                                    or done == config.steps):
-                metrics.update(_eval_entries(evaluate_fn(policy, done)))
+                metrics.update(distributed.on_main(lambda at=done: _eval_entries(evaluate_fn(policy, at))))
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
             if done % config.save_every == 0 or done == config.steps:
-                save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
+                if main:
+                    save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
+                distributed.wait()
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:+.2f}  "
                                                   f"success {metrics['rollout/success']:.0%}")
     logger.close()
     return history
+
+
+def _play(engine, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, step: int) -> list[Trajectory]:
+    """This process's episodes of the step: seeds ``rank, rank + N, ...`` of the step's block.
+
+    Group ids are renumbered to the seed's index in the whole block, as one process
+    would number them. The sampling seed is ``(base) * N + rank``: the single-process
+    seed alone, a distinct stream per process otherwise.
+    """
+    rank, size = distributed.world()
+    seeds = train_seeds(config.groups, config.seed_start + step * config.groups)
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                              seed=(config.seed * 1_000_003 + step) * size + rank)
+    trajectories = rollout(engine, tokenizer, seeds[rank::size], config.samples, rollout_config, sampling)
+    for t in trajectories:
+        t.group = rank + size * t.group
+    return trajectories
+
+
+def _everyone(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """All processes' trajectories, in the single-process order, for the rollout metrics.
+
+    Sent without the prompts and log-probs, which the metrics do not read (a step's
+    prompts are megabytes).
+    """
+    if distributed.world()[1] == 1:
+        return trajectories
+    light = [replace(t, turns=[replace(turn, prompt_messages=[], prompt_ids=[], logprobs=[]) for turn in t.turns])
+             for t in trajectories]
+    return sorted(distributed.gather(light), key=lambda t: (t.group, t.sample))
+
+
+class _NoLogger:
+    """The logger of the processes other than the main one: they write nothing."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _eval_entries(metrics: dict) -> dict:

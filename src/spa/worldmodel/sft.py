@@ -9,6 +9,14 @@ epoch, validation loss and next-state prediction exact match on the held-out set
 an atomic Hugging Face checkpoint. ``resume=True`` continues after the last complete
 epoch with the optimizer, scheduler and data order it had.
 
+Under ``accelerate launch`` (see :mod:`spa.distributed`) every process builds the same
+batch list (it depends only on (seed, epoch)) and takes its share of each optimizer
+step's micro-batches; the loss is divided by the step's global target count, so the
+summed gradients are the single-process gradient and N processes train exactly what
+one would (a step of ``grad_accum`` micro-batches keeps ``min(grad_accum, N)``
+processes busy: make ``grad_accum`` a multiple of N). Validation is sharded too; the
+main process writes the checkpoints and metrics.
+
 Paper defaults: lr 1e-4, 5 epochs (more epochs help: 1 epoch gives 29.2/52.7 vs 5
 epochs 59.8/69.5 Sokoban Pass@1/Pass@8).
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +34,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from spa import distributed
 from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
@@ -130,23 +140,36 @@ def lr_lambda(total_steps: int, warmup_ratio: float):
     return factor
 
 
-@torch.no_grad()
 def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict], config: SFTConfig
              ) -> dict:
-    """Held-out masked loss and next-state prediction exact match (greedy)."""
+    """Held-out masked loss and next-state prediction exact match (greedy).
+
+    Each process scores its share of the examples and probes; the sums are added, so the
+    numbers are those of the whole held-out set.
+    """
+    loss, count, hits, probes = distributed.total(*_validation_sums(
+        model, tokenizer, distributed.shard(examples), distributed.shard(raw[: config.val_examples_generate]),
+        config))
+    return {"val_loss": loss / max(count, 1), "val_prediction_exact": hits / probes if probes else 0.0,
+            "val_examples": len(examples)}
+
+
+@torch.no_grad()
+def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: list[dict], config: SFTConfig
+                     ) -> tuple[float, int, int, int]:
+    """Summed held-out loss, its target count, exact next states and probes written."""
     from spa.models.engine import Engine, SamplingParams
 
     model.eval()
     generator = merged_copy(model)  # adapters folded in, so generation takes the fast path
     total, count = 0.0, 0
     for start in range(0, len(examples), config.batch_size):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and _on_cpu(model)):
-            loss, n = masked_lm_loss(model, *collate(examples[start:start + config.batch_size],
-                                                     tokenizer.pad_token_id))
+        batch = collate(examples[start:start + config.batch_size], tokenizer.pad_token_id)
+        with _autocast(model, config):
+            loss, n = masked_lm_loss(model, *_to_device(batch, model))
         total, count = total + loss.item(), count + n
     # Next-state prediction: the held-out prompt and response up to <prediction> as the
     # prefix, the model writes the state, compared with the true state after the turn.
-    probe = raw[: config.val_examples_generate]
     prompts = []
     for example in probe:
         prompt = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
@@ -156,12 +179,22 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
     dtype = torch.bfloat16 if config.bf16 and _on_cpu(model) else None
     outputs = Engine(generator, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
-    return {"val_loss": total / max(count, 1), "val_prediction_exact": float(np.mean(hits)) if hits else 0.0,
-            "val_examples": len(examples)}
+    return total, count, sum(hits), len(hits)
 
 
 def _on_cpu(model) -> bool:
     return next(model.parameters()).device.type == "cpu"
+
+
+def _autocast(model, config: SFTConfig):
+    """bf16 autocast on the model's device (CPU: about 4x the fp32 matmul speed)."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
+
+
+def _to_device(batch: tuple[torch.Tensor, ...], model) -> tuple[torch.Tensor, ...]:
+    """The batch on the model's device (a no-op on CPU; a GPU process trains on its GPU)."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in batch)
 
 
 def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict]) -> Path:
@@ -203,12 +236,15 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     ``resume_from`` is a checkpoint folder whose weights ``model`` already holds (see
     :func:`resume_model`); its optimizer and scheduler state are restored and training
     continues with the next epoch. ``config.lora_rank > 0`` trains LoRA adapters only.
+    Launched on several processes, they train one model together (module docstring).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
+    model = distributed.place(model)
     if config.lora_rank and not is_lora(model):
         model = add_lora(model, config.lora_rank)
+    distributed.sync_params(model)
     train_raw, val_raw = split(examples, config.val_fraction, config.seed)
     train_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in train_raw]
     val_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in val_raw]
@@ -216,6 +252,8 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     train_set = [e for e in train_set if len(e) <= config.max_length]
     if not train_set:
         raise ValueError("no training examples left (all held out or longer than max_length)")
+    # Token t is a target when loss_mask[t] and t > 0 (the first token has no context).
+    targets_of = [sum(e.loss_mask[1:]) for e in train_set]
     lengths = [len(e) for e in train_set]
     batches_per_epoch = math.ceil(len(train_set) / config.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / config.grad_accum)
@@ -226,44 +264,66 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     history: list[dict] = []
     start_epoch = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        state = torch.load(resume_from / "trainer_state.pt", weights_only=False, map_location="cpu")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         history, start_epoch = state["history"], state["epoch"]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and _on_cpu(model))
+    processes = distributed.world()[1]
+    if config.grad_accum % processes:
+        warnings.warn(f"grad_accum={config.grad_accum} is not a multiple of the {processes} processes: "
+                      "some of them idle during each step", stacklevel=2)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress) as bar:
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                  disable=not progress or not distributed.is_main()) as bar:
         for epoch in range(start_epoch, config.epochs):
-            # The order depends only on (seed, epoch): a resumed run sees what it would have.
+            # The order depends only on (seed, epoch): a resumed run sees what it would
+            # have, and every process sees the same list.
             batches = length_buckets(lengths, config.batch_size, np.random.default_rng([config.seed, epoch]))
             task = bar.add_task(f"epoch {epoch + 1}/{config.epochs}", total=len(batches), info="")
             model.train()
             start, tokens, loss_sum, loss_count = time.perf_counter(), 0, 0.0, 0
             for first in range(0, len(batches), config.grad_accum):
-                group = [collate([train_set[i] for i in b], tokenizer.pad_token_id)
-                         for b in batches[first:first + config.grad_accum]]
-                # Normalise by all targets of the optimizer step, so accumulating k
-                # micro-batches gives exactly the gradient of one batch k times larger.
-                targets = sum(int(mask[:, 1:].sum()) for _, _, mask in group)
-                for ids, attention, mask in group:
-                    with autocast:
-                        loss, n = masked_lm_loss(model, ids, attention, mask)
-                    (loss / max(targets, 1)).backward()
-                    loss_sum, loss_count = loss_sum + loss.item(), loss_count + n
-                    tokens += int(attention.sum())
-                    bar.advance(task)
+                step_batches = batches[first:first + config.grad_accum]
+                for loss, n, seen in _accumulate(model, train_set, step_batches, targets_of,
+                                                 tokenizer.pad_token_id, config):
+                    loss_sum, loss_count, tokens = loss_sum + loss, loss_count + n, tokens + seen
+                distributed.all_reduce_grads(params)
                 torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 rate = tokens / (time.perf_counter() - start)
-                bar.update(task, info=f"loss {loss_sum / max(loss_count, 1):.3f}  {rate:.0f} tok/s")
+                bar.update(task, advance=len(step_batches),
+                           info=f"loss {loss_sum / max(loss_count, 1):.3f}  {rate:.0f} tok/s")
             seconds = time.perf_counter() - start
+            loss_sum, loss_count, tokens = distributed.total(loss_sum, loss_count, tokens)
             record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
                       "tokens_per_second": tokens / seconds, "seconds": seconds,
                       "lr": scheduler.get_last_lr()[0], "dropped_too_long": too_long,
                       **validate(model, tokenizer, val_set, val_raw, config)}
             history.append(record)
-            save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
-            write_json(out / "metrics.json", {"config": asdict(config), "epochs": history})
+            if distributed.is_main():
+                save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
+                write_json(out / "metrics.json", {"config": asdict(config), "epochs": history})
+            distributed.wait()  # the checkpoint exists for every process once train returns
     return history
+
+
+def _accumulate(model, train_set: list[TokenizedExample], step_batches: list[list[int]], targets_of: list[int],
+                pad_id: int, config: SFTConfig) -> list[tuple[float, int, int]]:
+    """Forward and backward this process's share of one optimizer step's micro-batches.
+
+    Each loss is divided by the target count of the *whole* step (every micro-batch, on
+    every process), so accumulating k micro-batches gives exactly the gradient of one
+    batch k times larger, and summing the processes' gradients gives the gradient one
+    process would have. Returns each micro-batch's summed loss, target count and tokens.
+    """
+    targets = sum(targets_of[i] for b in step_batches for i in b)
+    done = []
+    for b in distributed.shard(step_batches):
+        ids, attention, mask = _to_device(collate([train_set[i] for i in b], pad_id), model)
+        with _autocast(model, config):
+            loss, n = masked_lm_loss(model, ids, attention, mask)
+        (loss / max(targets, 1)).backward()
+        done.append((loss.item(), n, int(attention.sum())))
+    return done

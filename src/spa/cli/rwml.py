@@ -1,0 +1,68 @@
+"""``spa rwml``: the RWML baseline, the policy trained as a world model with GRPO (seed 003)."""
+
+from __future__ import annotations
+
+import typer
+
+from spa import envs
+from spa.cli.common import EnvOption, ModelOption, app, console, load, make_env, parse_options
+from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
+
+
+@app.command()
+def rwml(
+    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    out: str = typer.Option(..., help="Run folder: triplets.jsonl, checkpoint/, metrics.jsonl, eval/."),
+    model: str = ModelOption,
+    exploration: str = typer.Option("self_play", help="Data: self_play (the policy plays, paper) or random "
+                                                      "(random valid actions; for models that rarely act)."),
+    episodes: int = typer.Option(1280, min=1, help="Data episodes (a multiple of --samples)."),
+    samples: int = typer.Option(8, min=1, help="Episodes per training seed."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode (one triplet per turn)."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    steps: int = typer.Option(100, min=1, help="GRPO steps."),
+    group_size: int = typer.Option(8, min=2, help="Predictions per triplet (paper: 8)."),
+    batch: int = typer.Option(32, min=1, help="Triplets per step."),
+    reward: str = typer.Option("embedding", help="embedding (paper: 1[1 - cos < tau]), exact or cell."),
+    tau: float = typer.Option(EMBEDDING_TAU, min=0.0, help="Cosine-distance threshold of the embedding reward."),
+    lr: float = typer.Option(1e-6, min=0.0, help="Learning rate (paper: 1e-6; CPU quick runs need ~1e-5)."),
+    filter_easy: bool = typer.Option(True, "--filter/--no-filter",
+                                     help="Subsample too-easy triplets (paper); costs K predictions per triplet."),
+    filter_model: str = typer.Option("", help="Model of the too-easy filter; empty: the policy at the start."),
+    eval_seeds: int = typer.Option(32, min=0, help="Held-out seeds for next-state accuracy; 0: no evaluation."),
+    eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
+    resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
+    set_: list[str] = typer.Option(None, "--set", help="Any RWMLConfig field as key=value, e.g. --set "
+                                                       "max_new_tokens=128."),
+    option: list[str] = EnvOption,
+) -> None:
+    """RWML: train the policy to predict next states with GRPO; report accuracy before and after."""
+    from spa.config import ConfigError, load as load_config
+    from spa.rl.ppo import resume_point
+    from spa.rl.rwml_train import RWMLConfig, run
+
+    make_env(env, option)
+    base = dict(exploration=exploration, episodes=episodes, samples=samples, max_turns=max_turns,
+                max_actions_per_turn=max_actions, steps=steps, group_size=group_size, batch_size=batch,
+                reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
+                eval_seeds=eval_seeds, eval_every=eval_every)
+    try:
+        config = load_config(RWMLConfig, base, set_ or [])
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
+    checkpoint = resume_point(out) if resume else None
+    if resume and checkpoint is None:
+        console.print(f"no checkpoint in {out}: starting from {model}")
+    # Weights stay fp32 (bf16 autocast and bf16 sampling do the compute), as in spa ppo.
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    try:
+        summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print)
+    except (ValueError, ModuleNotFoundError) as error:  # no usable data, a foreign checkpoint, no embedder
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    before, after = summary["before"], summary["after"]
+    if before and after:
+        for key in ("exact", "cell", "embedding", "copied"):
+            if key in before and key in after:
+                console.print(f"next-state {key:9s} {100 * before[key]:5.1f}% -> {100 * after[key]:5.1f}%")
+    console.print(f"world model in {out}/checkpoint/policy; accuracy in {out}/eval/summary.json")

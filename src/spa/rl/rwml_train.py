@@ -1,0 +1,600 @@
+"""The RWML stage: train the policy as a world model with GRPO (Yu et al., 2026, seed 003).
+
+RWML (Reinforcement World Model Learning) in three parts, each a function here:
+
+1. Data (``collect_triplets``): play training seeds, with the policy (the paper) or with
+   random valid actions, turn the turns into ``<s_<=t, a_t, s_t+1>`` triplets
+   (``spa.rl.rwml``) and subsample the "too easy" ones: those a filter model (the policy
+   at the start, by default) already predicts in all K samples (kept with p = 0.1).
+2. GRPO (``train``), per step, top to bottom: a batch of triplets; ``group_size`` sampled
+   predictions per triplet; the sim-to-real reward of each (default: RWML's binary
+   ``1[1 - cos(E(pred), E(true)) < tau]``); group-normalised advantages on the
+   prediction's tokens; the PPO clipped update of ``spa.rl.ppo.update_actor``; log,
+   evaluate, checkpoint.
+3. Evaluation (``prediction_accuracy``): greedy next-state prediction on held-out
+   triplets from the evaluation seeds: exact match, per-cell accuracy, embedding-reward
+   rate. ``run`` does all three and compares the accuracy before and after training.
+
+Paper settings (DESIGN.md): group size 8, lr 1e-6, keep easy triplets with p = 0.1. The
+seed document gives no batch size, step count or clip values; ours are the PPO stage's
+(clip 0.2 / 0.28, dual clip 3, entropy 1e-3, one epoch). Departures, each said where it
+is made: triplets from malformed turns are kept (``require_format``), duplicate triplets
+are dropped (``dedupe``), groups whose rewards are all equal are left out of the update
+(``skip_flat_groups``), and the default filter distance is the deterministic grid
+matcher rather than the embedding.
+
+A run is resumable exactly like ``spa.rl.ppo.train``: ``out/checkpoint`` holds the policy
+and the optimizer after the last saved step, and the batch, the sampling and the
+minibatch order of a step depend only on (seed, step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from spa import distributed
+from spa.agent.seeds import eval_seeds
+from spa.eval.metrics import exact_match
+from spa.io import atomic_dir, write_json, write_jsonl
+from spa.models.engine import Engine, Generation, SamplingParams
+from spa.rl import core
+from spa.rl.batch import Sample
+from spa.rl.logger import MetricsLogger
+from spa.rl.ppo import Entry, PPOConfig, resume_point, update_actor
+from spa.rl.rewards import (EMBEDDING_TAU, WORLD_MODEL_REWARDS, extract_prediction, get_reward,
+                            prediction_cell_reward, prediction_embedding_reward,
+                            prediction_exact_reward, state_match)
+from spa.rl.rwml import (DEFAULT_FILTER_TAU, Triplet, embedding_distances, filter_too_easy,
+                         state_distances, triplets_from_trajectories, world_model_messages)
+from spa.worldmodel.selfplay import EXPLORATION, SelfPlayConfig, collect, random_exploration
+
+#: Generation stops once the prediction block is closed: nothing after it is scored.
+STOP = "</prediction>"
+FILTER_DISTANCES = ("state", "embedding")
+ADVANTAGES = ("grpo", "grpo_no_std")
+
+
+@dataclass
+class RWMLConfig:
+    """Hyper-parameters of the RWML stage: data, filter, GRPO and evaluation."""
+
+    # -- data: rollouts -> triplets
+    exploration: str = "self_play"  # self_play: the policy plays (paper) | random: random valid actions
+    episodes: int = 1280  # training episodes (as SPA's self-play: 160 seeds x 8)
+    samples: int = 8  # episodes per training seed
+    seed_start: int = 0  # first training seed
+    max_turns: int = 5  # turns per episode
+    max_actions_per_turn: int = 3  # actions per turn (one triplet per turn holds them all)
+    rollout_max_new_tokens: int = 400  # new-token cap per self-play turn
+    history_turns: int = 0  # earlier turns in the prompt: 0, the states are fully observable
+    # A malformed turn's actions were still applied, so its transition is true: keep it
+    # (the tiny default model rarely writes a well-formed turn). True drops it.
+    require_format: bool = False
+    # Identical triplets (same prompt, same next state) are kept once: they would fill a
+    # batch with copies of one prompt. Slippery outcomes differ in next state and stay.
+    dedupe: bool = True
+    # -- the too-easy filter (paper: K samples all within tau -> keep with p = 0.1)
+    filter: bool = True
+    filter_model: str = ""  # model that predicts for the filter; "": the policy at the start
+    filter_k: int = 8  # predictions per triplet (paper: K; 8 = the group size)
+    filter_distance: str = "state"  # state: 1 - state_match (deterministic) | embedding: 1 - cos
+    filter_tau: float = 0.0  # 0: the distance's default (state 0.05, embedding: tau)
+    filter_keep_prob: float = 0.1  # paper: 0.1
+    # -- GRPO
+    steps: int = 100  # not in the seed document; ~one pass over the default data at batch 32
+    batch_size: int = 32  # triplets per step (each a group of group_size predictions)
+    group_size: int = 8  # predictions per triplet (paper: 8)
+    reward: str = "embedding"  # embedding (paper) | exact | cell
+    tau: float = EMBEDDING_TAU  # threshold of the embedding reward, see spa.rl.rewards
+    binary: bool = True  # embedding reward: 1[d < tau] (paper); False: the cosine (ablation)
+    embedding_model: str = "all-minilm-l6-v2"  # E of the reward: the packaged model or a folder
+    advantage: str = "grpo"  # grpo: (r - mean) / std | grpo_no_std: r - mean (Dr. GRPO)
+    skip_flat_groups: bool = True  # groups with all-equal rewards have zero advantage: skip them
+    lr: float = 1e-6  # paper: 1e-6 (CPU quick budgets need ~1e-5 to move in a few steps)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 3.0
+    entropy_coef: float = 1e-3
+    aggregation: str = "token-mean"
+    ppo_epochs: int = 1
+    minibatch_size: int = 64  # completions per optimizer step (a step has batch x group)
+    micro_batch_size: int = 8  # completions per forward/backward
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0  # sampling of the group (paper: 1)
+    top_p: float = 1.0
+    max_new_tokens: int = 200  # per prediction: a 6x6 state with coordinates is ~80 tokens
+    # -- evaluation, checkpoints
+    eval_seeds: int = 32  # held-out seeds explored at random for prediction_accuracy; 0: none
+    eval_every: int = 0  # also evaluate every N steps (the start and the end always are)
+    save_every: int = 10  # checkpoint every N steps (and at the end)
+    bf16: bool = True  # bf16 autocast and bf16 sampling on CPU
+    tensorboard: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        get_reward(self.reward)  # an unknown name lists the valid ones
+        core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
+        choices = {"exploration": EXPLORATION, "filter_distance": FILTER_DISTANCES, "advantage": ADVANTAGES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not known; valid: {', '.join(allowed)}")
+        checks = {
+            "episodes": self.episodes >= 1 and self.episodes % max(self.samples, 1) == 0,
+            "samples": self.samples >= 1, "seed_start": self.seed_start >= 0,
+            "max_turns": self.max_turns >= 1, "max_actions_per_turn": self.max_actions_per_turn >= 1,
+            "rollout_max_new_tokens": self.rollout_max_new_tokens >= 1, "history_turns": self.history_turns >= 0,
+            "filter_k": self.filter_k >= 1, "filter_tau": self.filter_tau >= 0,
+            "filter_keep_prob": 0 <= self.filter_keep_prob <= 1, "steps": self.steps >= 1,
+            "batch_size": self.batch_size >= 1, "group_size": self.group_size >= 2, "tau": self.tau > 0,
+            "lr": self.lr >= 0, "dual_clip": self.dual_clip > 1, "ppo_epochs": self.ppo_epochs >= 1,
+            "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
+            "temperature": self.temperature > 0, "top_p": 0 < self.top_p <= 1,
+            "max_new_tokens": self.max_new_tokens >= 1, "eval_seeds": self.eval_seeds >= 0,
+            "eval_every": self.eval_every >= 0, "save_every": self.save_every >= 1,
+        }
+        hints = {"episodes": f" (a positive multiple of samples={self.samples})",
+                 "group_size": " (GRPO compares at least 2 predictions)", "temperature": " (GRPO samples)"}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range{hints.get(name, '')}")
+
+    def actor_config(self) -> PPOConfig:
+        """The ``PPOConfig`` that ``update_actor`` reads: clip, entropy, minibatches; no KL."""
+        return PPOConfig(algorithm="grpo", advantage=self.advantage, actor_lr=self.lr, clip_low=self.clip_low,
+                         clip_high=self.clip_high, dual_clip=self.dual_clip, entropy_coef=self.entropy_coef,
+                         kl_coef=0.0, aggregation=self.aggregation, ppo_epochs=self.ppo_epochs,
+                         minibatch_size=self.minibatch_size, micro_batch_size=self.micro_batch_size,
+                         max_grad_norm=self.max_grad_norm, bf16=self.bf16, tensorboard=False, seed=self.seed)
+
+
+# ---------------------------------------------------------------------------- prompts, data
+
+
+def prompt_ids(tokenizer, triplet: Triplet) -> list[int]:
+    """The chat-templated world-model prompt of ``triplet`` (``world_model_messages``)."""
+    ids = tokenizer.apply_chat_template(world_model_messages(triplet), add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def sampling_predictor(engine, tokenizer, max_new_tokens: int, temperature: float = 1.0, seed: int = 0):
+    """``predict(triplets, k)`` for ``filter_too_easy``: k sampled predictions per triplet
+    (extracted with ``extract_prediction``; ``None`` where the block is missing)."""
+    def predict(triplets: list[Triplet], k: int) -> list[list[str | None]]:
+        prompts = [prompt_ids(tokenizer, t) for t in triplets]
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=(STOP,), seed=seed)
+        generations = engine.generate([p for p in prompts for _ in range(k)], sampling)
+        predictions = [extract_prediction(g.text) for g in generations]
+        return [predictions[i * k:(i + 1) * k] for i in range(len(triplets))]
+    return predict
+
+
+def _key(triplet: Triplet) -> str:
+    """What makes two triplets the same example: their prompt and their target."""
+    return json.dumps([triplet.env, triplet.env_config, triplet.history, triplet.turn, triplet.state_before,
+                       triplet.actions, triplet.next_state], sort_keys=True)
+
+
+def dedupe(triplets: list[Triplet]) -> list[Triplet]:
+    """The first of every set of identical triplets (same prompt, same next state), in order."""
+    seen: set[str] = set()
+    out = []
+    for t in triplets:
+        if _key(t) not in seen:
+            seen.add(_key(t))
+            out.append(t)
+    return out
+
+
+def collect_triplets(env: str, env_config: dict, config: RWMLConfig, engine=None, tokenizer=None,
+                     predict=None, embedder=None, on_turn=None) -> tuple[list[Triplet], dict]:
+    """Play the training seeds, extract triplets, dedupe and filter them; returns (triplets, stats).
+
+    ``engine``/``tokenizer`` play for ``self_play``; ``predict`` (``sampling_predictor``)
+    is the filter model, needed when ``config.filter``; ``embedder`` when the filter
+    distance is ``embedding``.
+    """
+    selfplay = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.episodes,
+                              samples=config.samples, seed_start=config.seed_start, max_turns=config.max_turns,
+                              max_actions_per_turn=config.max_actions_per_turn,
+                              max_new_tokens=config.rollout_max_new_tokens, exploration=config.exploration,
+                              seed=config.seed)
+    if config.exploration == "self_play" and engine is None:
+        raise ValueError("exploration 'self_play' needs an engine and a tokenizer; or use exploration 'random'")
+    trajectories = collect(engine, tokenizer, selfplay, on_turn=on_turn)
+    turns = sum(len(t.turns) for t in trajectories)
+    triplets = triplets_from_trajectories(trajectories, config.history_turns, config.require_format)
+    extracted = len(triplets)
+    if config.dedupe:
+        triplets = dedupe(triplets)
+    stats = {"episodes": len(trajectories), "turns": turns, "extracted": extracted,
+             "duplicates": extracted - len(triplets), "exploration": config.exploration,
+             "success_rate": sum(t.success for t in trajectories) / max(len(trajectories), 1)}
+    if config.filter and triplets:
+        if predict is None:
+            raise ValueError("the too-easy filter needs a predictor (sampling_predictor); or set filter=false")
+        if config.filter_distance == "embedding":
+            if embedder is None:
+                raise ValueError("filter_distance 'embedding' needs an embedder")
+            distance, tau = embedding_distances(embedder), config.filter_tau or config.tau
+        else:
+            distance, tau = state_distances, config.filter_tau or DEFAULT_FILTER_TAU
+        triplets, filtered = filter_too_easy(triplets, predict, k=config.filter_k, tau=tau,
+                                             keep_prob=config.filter_keep_prob, distance=distance, rng=config.seed)
+        stats["filter"] = {**filtered, "tau": tau, "distance": config.filter_distance}
+    stats["triplets"] = len(triplets)
+    return triplets, stats
+
+
+def eval_triplets(env: str, env_config: dict, config: RWMLConfig) -> list[Triplet]:
+    """Held-out triplets: one random-exploration episode per evaluation seed.
+
+    Random actions make the set independent of the model, so the accuracy before and
+    after training is measured on the same transitions; the seeds never overlap training.
+    """
+    if config.eval_seeds == 0:
+        return []
+    explore = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.eval_seeds, samples=1,
+                             max_turns=config.max_turns, max_actions_per_turn=config.max_actions_per_turn,
+                             exploration="random", seed=config.seed)
+    trajectories = random_exploration(explore, eval_seeds(config.eval_seeds))
+    return triplets_from_trajectories(trajectories, config.history_turns, require_format=False)
+
+
+def save_triplets(path: str | Path, triplets: list[Triplet]) -> Path:
+    return write_jsonl(path, [t.to_json() for t in triplets])
+
+
+def load_triplets(path: str | Path) -> list[Triplet]:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [Triplet.from_json(json.loads(line)) for line in lines if line.strip()]
+
+
+def fingerprint(triplets: list[Triplet]) -> str:
+    """A short hash of the training data: a resumed run must train on the same triplets."""
+    return hashlib.sha256("\n".join(_key(t) for t in triplets).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else 0.0
+
+
+def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_tokens: int = 200,
+                        embedder=None, tau: float = EMBEDDING_TAU, engine=None, bf16: bool = True,
+                        records: str | Path | None = None) -> dict:
+    """Greedy next-state prediction accuracy of ``model`` on ``triplets``.
+
+    One greedy prediction per triplet (the RWML prompt, stop at ``</prediction>``), scored
+    against the true next state: ``exact`` (``prediction_exact_reward``), ``cell`` (per-cell
+    accuracy of the grid), ``state_match`` (grid + coordinates, ``spa.rl.rewards``),
+    ``embedding`` (rate of RWML's reward 1, only with an ``embedder``), ``found`` (share
+    with a prediction block) and ``copied`` (share that repeat the state before the
+    actions: the trivial wrong answer). ``records``: a JSONL file of every prediction.
+    """
+    if not triplets:
+        raise ValueError("prediction_accuracy needs at least one triplet")
+    if engine is None:
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        engine = Engine(model, tokenizer, dtype=torch.bfloat16 if bf16 and on_cpu else None)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=(STOP,))
+    generations = engine.generate([prompt_ids(tokenizer, t) for t in triplets], sampling)
+    texts = [g.text for g in generations]
+    targets = [t.next_state for t in triplets]
+    predictions = [extract_prediction(text) for text in texts]
+    exact = prediction_exact_reward(texts, targets=targets)
+    cell = prediction_cell_reward(texts, targets=targets)
+    match = [state_match(p, target) for p, target in zip(predictions, targets)]
+    copied = [p is not None and exact_match(p, t.state_before) for p, t in zip(predictions, triplets)]
+    metrics = {"triplets": len(triplets), "exact": _mean(exact), "cell": _mean(cell), "state_match": _mean(match),
+               "found": _mean(p is not None for p in predictions), "copied": _mean(copied),
+               "response_length": _mean(len(g.token_ids) for g in generations)}
+    embedding = None
+    if embedder is not None:
+        embedding = prediction_embedding_reward(texts, targets=targets, embedder=embedder, tau=tau)
+        metrics.update(embedding=_mean(embedding), tau=tau)
+    if records is not None:
+        write_jsonl(records, [{"seed": t.seed, "turn": t.turn, "actions": t.actions,
+                               "state_before": t.state_before, "next_state": t.next_state, "response": text,
+                               "exact": exact[i], "cell": cell[i],
+                               **({"embedding": embedding[i]} if embedding is not None else {})}
+                              for i, (t, text) in enumerate(zip(triplets, texts))])
+    return metrics
+
+
+# ---------------------------------------------------------------------------- GRPO pieces
+
+
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Indices of step ``step``'s triplets: positions ``step*B .. step*B+B-1`` of an endless
+    stream in which epoch ``e`` is a permutation of ``range(n)`` seeded by (seed, e). Every
+    triplet is seen once per epoch, and a step depends only on (seed, step)."""
+    if n < 1:
+        raise ValueError("no triplets to train on")
+    positions = range(step * batch_size, (step + 1) * batch_size)
+    orders = {e: np.random.default_rng([seed, e]).permutation(n) for e in {p // n for p in positions}}
+    return [int(orders[p // n][p % n]) for p in positions]
+
+
+def grpo_samples(prompts: list[list[int]], generations: list[Generation], rewards: list[float], group_size: int,
+                 *, normalize_std: bool = True, skip_flat: bool = True) -> list[Sample]:
+    """GRPO training sequences: one ``Sample`` per non-empty completion.
+
+    ``generations`` holds ``group_size`` completions of each prompt, consecutively. The
+    advantage of completion i of group g is ``(r_i - mean_g) / std_g`` (``normalize_std``,
+    GRPO) or ``r_i - mean_g``, broadcast on the completion's tokens; the prompt gets none
+    (``Sample.start``). A group whose rewards are all equal has advantage exactly 0 (set
+    here: ``core.group_advantages`` leaves float noise of up to ~0.1 for a repeated
+    non-dyadic score such as 29/36); with ``skip_flat`` its completions are left out.
+    """
+    if len(generations) != len(prompts) * group_size or len(rewards) != len(generations):
+        raise ValueError(f"need {group_size} generations and rewards per prompt for {len(prompts)} prompts; "
+                         f"got {len(generations)} generations and {len(rewards)} rewards")
+    scores = torch.tensor(rewards, dtype=torch.float32)
+    groups = torch.arange(len(prompts)).repeat_interleave(group_size)
+    advantages = core.group_advantages(scores, groups, normalize_std).tolist()
+    flat = [len(set(rewards[g * group_size:(g + 1) * group_size])) == 1 for g in range(len(prompts))]
+    samples = []
+    for i, (generation, advantage) in enumerate(zip(generations, advantages)):
+        g = i // group_size
+        if not generation.token_ids or (skip_flat and flat[g]):
+            continue
+        n = len(generation.token_ids)
+        samples.append(Sample(list(prompts[g]) + list(generation.token_ids), len(prompts[g]),
+                              torch.tensor(generation.logprobs, dtype=torch.float32), episode=g,
+                              turn=i % group_size, advantages=torch.full((n,), 0.0 if flat[g] else advantage)))
+    return samples
+
+
+def update_policy(policy, optimizer, samples: list[Sample], actor: PPOConfig, pad_id: int, autocast,
+                  rng: np.random.Generator) -> dict:
+    """The RL stage's PPO clipped update (``spa.rl.ppo.update_actor``, no reference model).
+
+    ``update_actor`` also takes the step's table of samples, its data-parallel bookkeeping
+    (which process holds which sample); RWML runs on one process, which holds them all,
+    in the order (group, sample) that a single process would have.
+    """
+    if distributed.world()[1] > 1:
+        raise RuntimeError("the RWML stage runs on a single process; launch it without accelerate/torchrun")
+    token_mean = actor.aggregation == "token-mean"  # what the aggregation averages over, as in ppo
+    table = [Entry((s.episode, s.turn, 0), s.response_length if token_mean else 1, len(s.ids), 0, i)
+             for i, s in enumerate(samples)]
+    return update_actor(policy, None, optimizer, samples, table, actor, pad_id, autocast, rng)
+
+
+def score(completions: list[str], targets: list[str], config: RWMLConfig, embedder=None) -> list[float]:
+    """The configured reward of every completion (``spa.rl.rewards``)."""
+    return get_reward(config.reward)(completions, targets=targets, embedder=embedder, tau=config.tau,
+                                     binary=config.binary)
+
+
+def load_embedder(config: RWMLConfig, required: bool):
+    """The sentence embedder of the reward (``required``) or of the evaluation (optional:
+    ``None`` when the packaged model is not installed)."""
+    from spa.models.embedding import SentenceEmbedder
+
+    try:
+        return SentenceEmbedder(config.embedding_model)
+    except ModuleNotFoundError:
+        if required:
+            raise
+        return None
+
+
+def save_checkpoint(out: Path, step: int, policy, tokenizer, optimizer, data: str) -> Path:
+    """``out/checkpoint``, replaced atomically: the policy (HF folder) and the optimizer, in
+    ``spa.rl.ppo``'s layout (so ``resume_point`` finds it) plus the data fingerprint."""
+    with atomic_dir(out / "checkpoint") as tmp:
+        policy.save_pretrained(tmp / "policy")
+        tokenizer.save_pretrained(tmp / "policy")
+        torch.save({"step": step, "actor_opt": optimizer.state_dict(), "data": data}, tmp / "trainer_state.pt")
+    return out / "checkpoint"
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: str | Path, *,
+          evaluate_fn: Callable | None = None, resume_from: Path | None = None, progress: bool = True,
+          engine=None, embedder=None) -> list[dict]:
+    """RWML's GRPO on ``triplets``; returns the per-step metrics (also ``out/metrics.jsonl``).
+
+    ``evaluate_fn(policy, step) -> dict`` is called at the start (not on resume), every
+    ``eval_every`` steps and at the end; its numeric entries are logged as ``eval/...``.
+    ``resume_from`` is a checkpoint whose weights ``policy`` already holds. ``engine``
+    replaces the generation engine (tests script it); ``embedder`` the reward's embedder
+    (loaded from ``config.embedding_model`` when the reward needs one).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not triplets:
+        raise ValueError("no triplets to train on: collect more episodes, or use exploration 'random'")
+    torch.manual_seed(config.seed)
+    on_cpu = next(policy.parameters()).device.type == "cpu"
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and on_cpu)
+    actor = config.actor_config()
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
+                                  weight_decay=0.0)
+    data = fingerprint(triplets)
+    start = 0
+    if resume_from is not None:
+        state = torch.load(Path(resume_from) / "trainer_state.pt", weights_only=False)
+        if state.get("data", data) != data:
+            raise ValueError(f"{resume_from} was trained on other triplets (fingerprint {state['data']}, "
+                             f"now {data}); resume with the run's own triplets.jsonl")
+        optimizer.load_state_dict(state["actor_opt"])
+        start = state["step"]
+    write_json(out / "config.json", {"rwml": asdict(config), "triplets": len(triplets), "data": data})
+    logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard)
+    if engine is None:
+        engine = Engine(policy, tokenizer, dtype=torch.bfloat16 if config.bf16 and on_cpu else None)
+    if embedder is None and config.reward == "embedding":
+        embedder = load_embedder(config, required=True)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    G = config.group_size
+    history = []
+    if evaluate_fn is not None and start == 0:
+        logger.log(0, _eval_entries(evaluate_fn(policy, 0)))
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress) as bar:
+        task = bar.add_task("rwml", total=config.steps, completed=start, info="")
+        for step in range(start, config.steps):
+            began = time.perf_counter()
+            # 1. A batch of triplets, fixed by (seed, step).
+            batch = [triplets[i] for i in batch_indices(len(triplets), config.batch_size, step, config.seed)]
+            prompts = [prompt_ids(tokenizer, t) for t in batch]
+            # 2. Sample a group of predictions per triplet.
+            sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                      top_p=config.top_p, stop=(STOP,), seed=config.seed * 1_000_003 + step)
+            generations = engine.generate([p for p in prompts for _ in range(G)], sampling)
+            generation_seconds = time.perf_counter() - began
+            # 3. Score them against the true next states.
+            texts = [g.text for g in generations]
+            targets = [t.next_state for t in batch for _ in range(G)]
+            rewards = score(texts, targets, config, embedder)
+            # 4. Group-normalised advantages on the completion tokens.
+            samples = grpo_samples(prompts, generations, rewards, G, normalize_std=config.advantage == "grpo",
+                                   skip_flat=config.skip_flat_groups)
+            # 5. The PPO clipped update (update_actor of the RL stage).
+            updated = time.perf_counter()
+            rng = np.random.default_rng([config.seed, step])
+            metrics = prediction_metrics(generations, rewards, targets, G)
+            metrics.update(update_policy(policy, optimizer, samples, actor, pad_id, autocast, rng))
+            # 6. Log, evaluate, checkpoint.
+            seconds = time.perf_counter() - began
+            metrics.update({
+                "charts/train_samples": len(samples), "charts/epoch": step * config.batch_size / len(triplets),
+                "charts/generation_seconds": generation_seconds, "charts/step_seconds": seconds,
+                "charts/generation_tokens_per_second":
+                    sum(len(g.token_ids) for g in generations) / max(generation_seconds, 1e-9),
+                "charts/train_tokens_per_second":
+                    sum(len(s.ids) for s in samples) / max(time.perf_counter() - updated, 1e-9)})
+            done = step + 1
+            periodic = config.eval_every and done % config.eval_every == 0
+            if evaluate_fn is not None and (periodic or done == config.steps):
+                metrics.update(_eval_entries(evaluate_fn(policy, done)))
+            logger.log(done, metrics)
+            history.append({"step": done, **metrics})
+            if done % config.save_every == 0 or done == config.steps:
+                save_checkpoint(out, done, policy, tokenizer, optimizer, data)
+            bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:.2f}  "
+                                                  f"exact {metrics['rollout/exact']:.0%}")
+    logger.close()
+    return history
+
+
+def prediction_metrics(generations: list[Generation], rewards: list[float], targets: list[str],
+                       group_size: int) -> dict:
+    """Reward statistics of a step's groups, and what the predictions look like."""
+    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
+    texts = [g.text for g in generations]
+    return {"rollout/reward_mean": _mean(rewards), "rollout/reward_std": float(np.std(rewards)),
+            "rollout/flat_groups": _mean(len(set(g)) == 1 for g in groups),
+            "rollout/exact": _mean(prediction_exact_reward(texts, targets=targets)),
+            "rollout/prediction_found": _mean(extract_prediction(t) is not None for t in texts),
+            "rollout/truncated": _mean(g.finish_reason == "length" for g in generations),
+            "rollout/response_length": _mean(len(g.token_ids) for g in generations)}
+
+
+def _eval_entries(metrics: dict) -> dict:
+    return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+# ---------------------------------------------------------------------------- the stage
+
+
+def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: str | Path, *,
+        resume: bool = False, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """The whole RWML stage in ``out``: data, held-out triplets, GRPO, accuracy before/after.
+
+    Files: ``triplets.jsonl`` (+ ``.stats.json``), ``eval_triplets.jsonl``, ``eval/step-N.json``
+    (+ ``.predictions.jsonl``), ``eval/summary.json`` (before, after, after - before), and
+    ``train``'s ``metrics.jsonl``, ``config.json``, ``checkpoint/``. With ``resume`` the
+    saved triplets are reused (the filter model was the policy *before* training) and
+    training continues from ``out/checkpoint``, whose weights ``policy`` must hold.
+    Returns the summary.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = resume_point(out) if resume else None
+    needs_embedding = config.reward == "embedding" or (config.filter and config.filter_distance == "embedding")
+    embedder = load_embedder(config, required=needs_embedding)
+    on_cpu = next(policy.parameters()).device.type == "cpu"
+    dtype = torch.bfloat16 if config.bf16 and on_cpu else None
+
+    # 1. Training triplets, collected once per run.
+    data_path = out / "triplets.jsonl"
+    if resume and data_path.is_file():
+        triplets = load_triplets(data_path)
+        log(f"reusing {len(triplets)} triplets from {data_path}")
+    else:
+        if checkpoint is not None:
+            log(f"{data_path} is missing: collecting with the checkpoint's policy")
+        engine = Engine(policy, tokenizer, dtype=dtype)
+        predict = None
+        if config.filter:
+            filter_engine, filter_tokenizer = engine, tokenizer
+            if config.filter_model:
+                from spa.models import load_model
+
+                filter_lm, filter_tokenizer = load_model(config.filter_model, "bf16" if config.bf16 else "fp32",
+                                                         next(policy.parameters()).device)
+                filter_engine = Engine(filter_lm, filter_tokenizer)
+            predict = sampling_predictor(filter_engine, filter_tokenizer, config.max_new_tokens,
+                                         seed=config.seed + 1)
+        triplets, stats = collect_triplets(env, env_config, config, engine, tokenizer, predict, embedder)
+        save_triplets(data_path, triplets)
+        write_json(data_path.with_suffix(".stats.json"), stats)
+        log(f"{stats['triplets']} triplets from {stats['episodes']} episodes ({stats['exploration']}; "
+            f"{stats['duplicates']} duplicates"
+            + (f", {stats['filter']['dropped']} too easy dropped" if "filter" in stats else "") + ")")
+    if not triplets:
+        raise ValueError("no usable triplets: no turn applied a valid action; "
+                         "use exploration 'random' or more episodes")
+
+    # 2. Held-out triplets (random exploration of the evaluation seeds: model-independent).
+    held_out = eval_triplets(env, env_config, config)
+    if held_out:
+        save_triplets(out / "eval_triplets.jsonl", held_out)
+
+    def evaluate_fn(model, step: int) -> dict:
+        folder = out / "eval"
+        metrics = prediction_accuracy(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens,
+                                      embedder=embedder, tau=config.tau, bf16=config.bf16,
+                                      records=folder / f"step-{step}.predictions.jsonl")
+        write_json(folder / f"step-{step}.json", {"step": step, **metrics})
+        return metrics
+
+    # 3. GRPO, evaluated at the start and at the end.
+    train(policy, tokenizer, triplets, config, out, evaluate_fn=evaluate_fn if held_out else None,
+          resume_from=checkpoint, progress=progress, embedder=embedder)
+
+    # 4. Next-state accuracy before and after.
+    before, after = (_read(out / "eval" / f"step-{s}.json") for s in (0, config.steps))
+    delta = {k: after[k] - before[k] for k in after if k in before and k not in ("step", "triplets", "tau")} \
+        if before and after else {}
+    summary = {"triplets": len(triplets), "eval_triplets": len(held_out), "before": before, "after": after,
+               "delta": delta}
+    write_json(out / "eval" / "summary.json", summary)
+    return summary
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+__all__ = ["ADVANTAGES", "FILTER_DISTANCES", "RWMLConfig", "STOP", "WORLD_MODEL_REWARDS", "batch_indices",
+           "collect_triplets", "dedupe", "eval_triplets", "fingerprint", "grpo_samples", "load_embedder",
+           "load_triplets", "prediction_accuracy", "prompt_ids", "prediction_metrics", "run", "sampling_predictor",
+           "save_checkpoint", "save_triplets", "score", "train", "update_policy"]
