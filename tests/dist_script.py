@@ -30,7 +30,8 @@ from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig
 from spa.worldmodel.sft import train as train_sft
 
-ANSWERS = ("<answer>Up</answer>", "nonsense", "<answer>Left || Down</answer>", "<think>hm</think><answer>Right</answer>")
+ANSWERS = ("<answer>Up</answer>", "nonsense", "<answer>Left || Down</answer>",
+           "<think>hm</think><answer>Right</answer>")
 
 
 class HashEngine:

@@ -28,7 +28,8 @@ def launch(out: Path, processes: int = 2) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", "0", str(SCRIPT), str(out)]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 def test_two_processes_end_with_the_weights_of_one(tmp_path):
@@ -40,15 +41,17 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
     assert distributed.world() == (0, 1)  # the reference below runs alone, in this process
     single = run(tmp_path / "single")
     for stage in ("sft", "ppo", "grpo"):
-        assert torch.equal(first[f"{stage}/weights"], second[f"{stage}/weights"]), stage
-        assert first[f"{stage}/norms"] == second[f"{stage}/norms"], stage
-        assert first[f"{stage}/weights"].shape == single[f"{stage}/weights"].shape
-        torch.testing.assert_close(first[f"{stage}/weights"], single[f"{stage}/weights"], atol=2e-5, rtol=1e-4,
-                                   msg=stage)
-        assert first[f"{stage}/norms"] == pytest.approx(single[f"{stage}/norms"], rel=1e-4), stage
-        assert first[f"{stage}/metrics"] == pytest.approx(single[f"{stage}/metrics"], rel=1e-4, abs=1e-6, nan_ok=True), stage
-    # the single-process run trained: the comparison is not between untouched models
-    assert all(n > 0 for stage in ("sft", "ppo", "grpo") for n in single[f"{stage}/norms"])
-    # only the main process wrote the outputs
+        weights, norms, metrics = (f"{stage}/{part}" for part in ("weights", "norms", "metrics"))
+        # the processes agree exactly: the same summed gradients, the same steps
+        assert torch.equal(first[weights], second[weights]), stage
+        assert first[norms] == second[norms], stage
+        # and they trained what one process trains (fp32 summation order aside)
+        assert first[weights].shape == single[weights].shape
+        torch.testing.assert_close(first[weights], single[weights], atol=2e-5, rtol=1e-4, msg=stage)
+        assert first[norms] == pytest.approx(single[norms], rel=1e-4), stage
+        assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
+        # the reference trained: the comparison is not between untouched models
+        assert single[norms] and all(n > 0 for n in single[norms]), stage
+    # the main process alone wrote the outputs (one metrics line per step, not two)
     assert (tmp_path / "runs" / "sft" / "epoch-1" / "trainer_state.pt").is_file()
     assert len((tmp_path / "runs" / "ppo" / "metrics.jsonl").read_text().splitlines()) == 2

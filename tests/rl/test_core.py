@@ -287,3 +287,13 @@ def test_registries():
     with pytest.raises(ValueError, match="'k4'"):
         kl_penalty(t([1.0]), t([1.0]), "k4")
     assert set(core.__all__) >= {"gae", "turn_gae", "policy_loss", "get"}
+
+
+def test_group_of_equal_inexact_scores_gets_exactly_zero():
+    """Eight equal scores like 29/36 or 0.7 are not exactly their float mean; the std
+    division must not turn that rounding into an advantage."""
+    for value in (29 / 36, 0.7, 0.1, -0.30000000000000004):
+        scores = torch.full((8,), value, dtype=torch.float32)
+        groups = torch.zeros(8, dtype=torch.long)
+        assert group_advantages(scores, groups).abs().max().item() == 0.0
+        assert group_advantages(scores, groups, normalize_std=False).abs().max().item() == 0.0

@@ -57,7 +57,7 @@ def rwml(
     lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
     try:
         summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print)
-    except (ValueError, ModuleNotFoundError) as error:  # no usable data, a foreign checkpoint, no embedder
+    except (ValueError, ModuleNotFoundError, FileNotFoundError) as error:  # no data, no embedder...
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
     before, after = summary["before"], summary["after"]

@@ -173,6 +173,11 @@ def group_advantages(scores: Tensor, group_ids: Tensor, normalize_std: bool = Tr
     count = torch.zeros(G, dtype=s.dtype, device=s.device).index_add_(0, inv, torch.ones_like(s))
     mean = torch.zeros_like(count).index_add_(0, inv, s) / count
     dev = s - mean[inv]
+    # Equal scores must give exactly 0: the float mean can differ from them by an ulp,
+    # which the std division (std ~ ulp, eps 1e-6) would blow up into a real advantage.
+    lo = torch.full_like(count, float("inf")).scatter_reduce(0, inv, s, "amin")
+    hi = torch.full_like(count, float("-inf")).scatter_reduce(0, inv, s, "amax")
+    dev = torch.where((lo == hi)[inv], 0.0, dev)
     if not normalize_std:
         return dev
     var = torch.zeros_like(count).index_add_(0, inv, dev**2) / (count - 1).clamp(min=1)

@@ -249,6 +249,32 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[
     return {f"critic/{k}": v / max(count, 1) for k, v in totals.items()}
 
 
+def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Critic | None, config: PPOConfig,
+                       pad_id: int, autocast) -> dict:
+    """Fill the samples' advantages (and, with a critic, old values and returns).
+
+    Local to each process: GAE runs along one episode, GRPO normalises within one group,
+    and both live whole on one process. With a critic, returns the explained variance
+    over all processes' turns.
+    """
+    if critic is None:
+        if samples:
+            group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
+        return {}
+    critic.eval()
+    step = config.micro_batch_size
+    with autocast:
+        values = critic.values(_on_device(collate(samples[i: i + step], pad_id), critic)
+                               for i in range(0, len(samples), step))
+    for s, v in zip(samples, values):
+        s.old_values = v.float().cpu()
+    if samples:
+        critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
+    v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
+    r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
+    return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
 def rollout_metrics(trajectories: list[Trajectory]) -> dict:
     """Reward, success, Pass@k of the step's groups, lengths and valid rates."""
     summary = summarize(trajectories, ks=(1, 2, 4, 8))
@@ -347,23 +373,11 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             samples = turn_samples(kept)
             table = sample_table(samples, kept, config.aggregation)
             # 3. Advantages, where the episodes are: whole groups live on one process.
-            if critic is not None:
-                critic.eval()
-                with autocast:
-                    values = critic.values(_on_device(collate(samples[i: i + config.micro_batch_size], pad_id), critic)
-                                           for i in range(0, len(samples), config.micro_batch_size))
-                for s, v in zip(samples, values):
-                    s.old_values = v.float().cpu()
-                if samples:
-                    critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
-                v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
-                r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
-                metrics["critic/explained_variance"] = core.explained_variance(v, r, mask)
-            elif samples:
-                group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
+            metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
             # 4. Update.
             rng = np.random.default_rng([config.seed, step])
-            metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id, autocast, rng))
+            metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id, autocast,
+                                        rng))
             if critic is not None:
                 metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id, autocast,
                                              np.random.default_rng([config.seed, step, 1])))

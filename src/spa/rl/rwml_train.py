@@ -50,7 +50,7 @@ from spa.rl import core
 from spa.rl.batch import Sample
 from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import Entry, PPOConfig, resume_point, update_actor
-from spa.rl.rewards import (EMBEDDING_TAU, WORLD_MODEL_REWARDS, extract_prediction, get_reward,
+from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward,
                             prediction_cell_reward, prediction_embedding_reward,
                             prediction_exact_reward, state_match)
 from spa.rl.rwml import (DEFAULT_FILTER_TAU, Triplet, embedding_distances, filter_too_easy,
@@ -111,7 +111,7 @@ class RWMLConfig:
     max_grad_norm: float = 1.0
     temperature: float = 1.0  # sampling of the group (paper: 1)
     top_p: float = 1.0
-    max_new_tokens: int = 200  # per prediction: a 6x6 state with coordinates is ~80 tokens
+    max_new_tokens: int = 200  # per prediction: a state is ~45-70 tokens, the rest is for reasoning
     # -- evaluation, checkpoints
     eval_seeds: int = 32  # held-out seeds explored at random for prediction_accuracy; 0: none
     eval_every: int = 0  # also evaluate every N steps (the start and the end always are)
@@ -593,8 +593,3 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
 def _read(path: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
-
-__all__ = ["ADVANTAGES", "FILTER_DISTANCES", "RWMLConfig", "STOP", "WORLD_MODEL_REWARDS", "batch_indices",
-           "collect_triplets", "dedupe", "eval_triplets", "fingerprint", "grpo_samples", "load_embedder",
-           "load_triplets", "prediction_accuracy", "prompt_ids", "prediction_metrics", "run", "sampling_predictor",
-           "save_checkpoint", "save_triplets", "score", "train", "update_policy"]
