@@ -46,7 +46,7 @@ def test_every_stage_runs_and_the_report_is_written(finished):
     stages = json.loads((finished / "stages.json").read_text())
     assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"]
     report = (finished / "report.md").read_text()
-    for label in ("base model", "after world-model SFT", "after RL"):
+    for label in ("base model", "after world-model SFT", "final model"):
         assert label in report
     for plot in ("rl_rollouts.png", "rl_eval.png", "world_model.png"):
         assert (finished / plot).stat().st_size > 1000
@@ -122,3 +122,25 @@ def test_run_command_reports_a_bad_recipe_cleanly(tmp_path):
     result = CliRunner().invoke(app, ["run", str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0 and "does not exist" in result.output
     assert not Path("runs/missing-quick").exists()
+
+
+def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):
+    folder = tmp_path / "vagen"
+    Run(load_recipe(CONFIGS / "sokoban-vagen.yaml", preset=str(preset)), folder, log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["eval_base", "rl", "eval_final", "report"]
+    records = [json.loads(line) for line in (folder / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert all("rollout/shaping_reward" in r for r in records if r["step"] > 0)
+    assert list(stages["eval_final"]["outputs"]) == ["world_model"]
+
+
+def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
+    folder = tmp_path / "rwml"
+    overrides = ["rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false",
+                 "rwml.steps=1", "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8",
+                 "rwml.eval_seeds=2", "rwml.reward=cell", "rwml.bf16=false", "rwml.tensorboard=false"]
+    Run(load_recipe(CONFIGS / "sokoban-rwml+ppo.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"]
+    assert "RWML next-state prediction" in (folder / "report.md").read_text()

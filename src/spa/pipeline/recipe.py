@@ -10,6 +10,14 @@ Methods (the paper's comparison, Table 2):
 * ``state_estimation``: PPO from the base model with the ``state`` prompt (grid + coordinates).
 * ``spa``: self-play in world-model mode -> ground-truth replacement -> world-model SFT ->
   PPO from the SFT checkpoint.
+
+Baselines with a world model of their own:
+
+* ``rwml``: RWML (the policy trained as a world model with GRPO on next-state
+  predictions, embedding reward); ``rwml+ppo``: then PPO from the RWML checkpoint.
+* ``vagen``: PPO in ``world_model`` mode whose turn rewards add a format reward and the
+  match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
+  online world modelling, deterministic grid matcher), with turn-level GAE.
 """
 
 from __future__ import annotations
@@ -21,10 +29,11 @@ from typing import Any
 from spa.config import load, read_yaml
 from spa.models.loading import DEFAULT_MODEL
 from spa.rl.ppo import PPOConfig
+from spa.rl.rwml_train import RWMLConfig
 from spa.worldmodel.sft import SFTConfig
 
-METHODS = ("vanilla", "state_estimation", "spa")
-RL_MODE = {"vanilla": "base", "state_estimation": "state"}
+METHODS = ("vanilla", "state_estimation", "spa", "rwml", "rwml+ppo", "vagen")
+RL_MODE = {"vanilla": "base", "state_estimation": "state", "vagen": "world_model"}
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
@@ -71,6 +80,13 @@ class EvalSection:
 
 
 @dataclass
+class VagenSection:
+    beta_s: float = field(default=0.5, metadata={"help": "Weight of the observation match (VAGEN: 0.5)."})
+    beta_w: float = field(default=0.5, metadata={"help": "Weight of the prediction match (VAGEN: 0.5)."})
+    format_reward: float = field(default=0.5, metadata={"help": "Reward of a well-formed turn."})
+
+
+@dataclass
 class Recipe:
     method: str = field(default="spa", metadata={"help": f"One of {', '.join(METHODS)}."})
     model: str = field(default=DEFAULT_MODEL, metadata={"help": "Base model: built-in name, folder or hub id."})
@@ -79,6 +95,8 @@ class Recipe:
     selfplay: SelfPlaySection = field(default_factory=SelfPlaySection)
     sft: SFTConfig = field(default_factory=SFTConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    rwml: RWMLConfig = field(default_factory=RWMLConfig)
+    vagen: VagenSection = field(default_factory=VagenSection)
     eval: EvalSection = field(default_factory=EvalSection)
     seed: int = field(default=0, metadata={"help": "Seed of every stage."})
 

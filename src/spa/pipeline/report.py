@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
-EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_final": "after RL"}
+EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_rwml": "after RWML",
+               "eval_final": "final model"}
 WM_KEYS = ("observation_exact", "prediction_exact", "observation_cell_acc", "prediction_cell_acc")
 
 
@@ -123,6 +124,12 @@ def write_report(folder: str | Path) -> Path:
             o = stages[name]["outputs"]
             lines.append(f"- {name} data: {o['kept']} SFT examples from {o['turns']} turns "
                          f"({o['malformed']} malformed dropped), episode success {_pct(o['success_rate'])}%.")
+    if "rwml" in stages:
+        summary = stages["rwml"]["outputs"]["summary"]
+        before, after = summary.get("before") or {}, summary.get("after") or {}
+        lines.append("- RWML next-state prediction on held-out transitions (before -> after): "
+                     + ", ".join(f"{k} {_pct(before.get(k))}% -> {_pct(after.get(k))}%"
+                                 for k in ("exact", "cell", "embedding") if k in before))
     if "sft" in stages:
         for e in stages["sft"]["outputs"]["history"]:
             lines.append(f"- SFT epoch {e['epoch']}: train loss {e['train_loss']:.3f}, val loss {e['val_loss']:.3f}, "

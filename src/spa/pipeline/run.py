@@ -2,13 +2,15 @@
 
 Stages, in order (the SPA-only ones are skipped for the baselines):
 
-    bootstrap   random-exploration data + SFT that teaches the format (optional, spa)
+    bootstrap   random-exploration data + SFT that teaches the format (optional; spa, rwml)
     selfplay    world-model self-play with ground-truth replacement (spa)
     sft         world-model SFT on the self-play data (spa)
     eval_base   the base model, before any training
     eval_sft    the SFT checkpoint (spa)
-    rl          PPO / GRPO from the SFT checkpoint (spa) or the base model
-    eval_final  the RL policy
+    rwml        RWML: GRPO of the policy as a world model (rwml, rwml+ppo)
+    eval_rwml   the RWML checkpoint as an agent (rwml+ppo)
+    rl          PPO / GRPO from the SFT or RWML checkpoint, or the base model
+    eval_final  the last model: the RL policy (the RWML one for rwml)
     report      report.md and plots
 
 ``runs/NAME/stages.json`` records each finished stage (outputs and wall time), written
@@ -30,7 +32,7 @@ import torch
 
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
-from spa.config import save, to_dict
+from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import write_json, write_jsonl
 from spa.models import load_model
@@ -42,8 +44,16 @@ from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
-STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report")
-SPA_ONLY = {"bootstrap", "selfplay", "sft", "eval_sft"}
+STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
+          "report")
+METHOD_STAGES = {
+    "vanilla": {"eval_base", "rl", "eval_final", "report"},
+    "state_estimation": {"eval_base", "rl", "eval_final", "report"},
+    "vagen": {"eval_base", "rl", "eval_final", "report"},
+    "spa": {"bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"},
+    "rwml": {"bootstrap", "eval_base", "rwml", "eval_final", "report"},
+    "rwml+ppo": {"bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"},
+}
 
 
 class Run:
@@ -54,11 +64,9 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "config.yaml"
         if config.exists():
-            from spa.config import load
-
-            previous = to_dict(load(Recipe, config))
-            if previous != to_dict(recipe):
-                changed = sorted(_diff(previous, to_dict(recipe)))
+            # Keys a newer version added are not in the saved file and do not count.
+            changed = sorted(_diff(read_yaml(config), to_dict(recipe)))
+            if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")
         else:
@@ -67,10 +75,10 @@ class Run:
         self.stages: dict = json.loads(path.read_text()) if path.exists() else {}
 
     def stage_list(self) -> list[str]:
-        skip = set() if self.recipe.method == "spa" else SPA_ONLY
-        if self.recipe.method == "spa" and not self.recipe.selfplay.bootstrap_episodes:
-            skip.add("bootstrap")
-        return [s for s in STAGES if s not in skip]
+        keep = set(METHOD_STAGES[self.recipe.method])
+        if not self.recipe.selfplay.bootstrap_episodes:
+            keep.discard("bootstrap")
+        return [s for s in STAGES if s in keep]
 
     def run(self) -> dict:
         for stage in self.stage_list():
@@ -92,8 +100,15 @@ class Run:
         return self.stages[stage]["outputs"][key]
 
     def start_model(self) -> str:
-        """Where RL starts: the SFT checkpoint for spa, the base model otherwise."""
-        return self.output("sft") if self.recipe.method == "spa" else self.recipe.model
+        """Where RL starts: the SFT checkpoint (spa), the RWML one (rwml+ppo), or the base model."""
+        for stage in ("sft", "rwml"):
+            if stage in self.stages:
+                return self.output(stage)
+        return self.recipe.model
+
+    def bootstrapped(self) -> str:
+        """The format-bootstrap checkpoint when there is one, else the base model."""
+        return self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
 
     def prompt(self, mode: str) -> PromptConfig:
         p = self.recipe.prompt
@@ -153,12 +168,12 @@ class Run:
 
     def _selfplay(self) -> dict:
         s = self.recipe.selfplay
-        model = self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
-        return self._selfplay_data(model, self.dir / "data" / "selfplay.jsonl", s.exploration, s.episodes, s.samples)
+        return self._selfplay_data(self.bootstrapped(), self.dir / "data" / "selfplay.jsonl", s.exploration,
+                                   s.episodes, s.samples)
 
     def _sft(self) -> dict:
-        start = self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
-        model = self._fine_tune(start, self.output("selfplay", "data"), self.dir / "sft", self.recipe.sft.epochs)
+        model = self._fine_tune(self.bootstrapped(), self.output("selfplay", "data"), self.dir / "sft",
+                                self.recipe.sft.epochs)
         return {"model": model, "history": json.loads((self.dir / "sft" / "metrics.json").read_text())["epochs"]}
 
     def _eval_base(self) -> dict:
@@ -166,6 +181,20 @@ class Run:
 
     def _eval_sft(self) -> dict:
         return self._evaluate(self.output("sft"), "sft")
+
+    def _rwml(self) -> dict:
+        from spa.rl import rwml_train
+
+        r, out = self.recipe, self.dir / "rwml"
+        checkpoint = resume_point(out)
+        lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), dtype="fp32")
+        config = replace(r.rwml, seed=r.seed, max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions)
+        summary = rwml_train.run(lm, tokenizer, r.env.name, dict(r.env.options), config, out,
+                                 resume=checkpoint is not None, log=self.log)
+        return {"model": str(out / "checkpoint" / "policy"), "summary": summary}
+
+    def _eval_rwml(self) -> dict:
+        return self._evaluate(self.output("rwml"), "rwml")
 
     def _rl(self) -> dict:
         r = self.recipe
@@ -182,11 +211,20 @@ class Run:
             return evaluate(policy, tokenizer, probe, out / "eval" / f"step-{step}", progress=False,
                             dtype=torch.bfloat16 if config.bf16 else None)
 
-        train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
+        turn_reward = None
+        if r.method == "vagen":
+            from functools import partial
+
+            from spa.rl.rewards import vagen_turn_reward
+
+            turn_reward = partial(vagen_turn_reward, beta_s=r.vagen.beta_s, beta_w=r.vagen.beta_w,
+                                  format_reward=r.vagen.format_reward)
+        train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint,
+                 turn_reward=turn_reward)
         return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl")}
 
     def _eval_final(self) -> dict:
-        return self._evaluate(self.output("rl"), "final")
+        return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
 
     def _report(self) -> dict:
         from spa.pipeline.report import write_report
@@ -195,10 +233,9 @@ class Run:
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> set[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    keys = set(a) | set(b)
+    """Dotted keys of ``a`` whose values differ in ``b``."""
     out = set()
-    for k in keys:
+    for k in a:
         x, y = a.get(k), b.get(k)
         if isinstance(x, dict) and isinstance(y, dict):
             out |= _diff(x, y, f"{prefix}{k}.")

@@ -32,13 +32,14 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
-from spa.agent.rollout import RolloutConfig, Trajectory, rollout
+from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
 from spa.io import atomic_dir, write_json
@@ -309,13 +310,16 @@ def resume_point(out: str | Path) -> Path | None:
 
 def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, out: str | Path,
           evaluate_fn=None, resume_from: Path | None = None, progress: bool = True,
-          engine=None) -> list[dict]:
+          engine=None, turn_reward: Callable[[Turn], float] | None = None) -> list[dict]:
     """Run PPO or GRPO; returns the per-step metrics (also in ``out/metrics.jsonl``).
 
     ``evaluate_fn(policy, step) -> dict`` runs the periodic evaluation (its flat numeric
     entries are logged under ``eval/``). ``resume_from`` is a checkpoint whose policy
     weights ``policy`` already holds; the critic and optimizers are restored from it.
     ``engine`` replaces the generation engine (tests script the responses with it).
+    ``turn_reward(turn)`` is added to every turn's reward before the advantages (VAGEN-style
+    world-model rewards, :func:`spa.rl.rewards.vagen_turn_reward`); ``rollout/reward_mean``
+    stays the environment's reward, the bonus is logged as ``rollout/shaping_reward``.
     Launched on several processes, they train one policy together (module docstring).
     """
     out = Path(out)
@@ -365,6 +369,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # seed; each process plays its share of the seeds.
             trajectories = _play(engine, tokenizer, rollout_config, config, step)
             metrics = rollout_metrics(_everyone(trajectories))
+            if turn_reward is not None:
+                metrics["rollout/shaping_reward"] = shape_rewards(trajectories, turn_reward)
             rollout_seconds = time.perf_counter() - began
             # 2. Keep the groups whose samples disagree most (ranked over all processes' groups).
             kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
@@ -401,6 +407,18 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                                                   f"success {metrics['rollout/success']:.0%}")
     logger.close()
     return history
+
+
+def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], float]) -> float:
+    """Add ``turn_reward(turn)`` to the reward of every turn; returns the mean bonus per turn
+    (of this process's turns)."""
+    bonuses = []
+    for trajectory in trajectories:
+        for turn in trajectory.turns:
+            bonus = float(turn_reward(turn))
+            turn.reward += bonus
+            bonuses.append(bonus)
+    return float(np.mean(bonuses)) if bonuses else 0.0
 
 
 def _play(engine, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, step: int) -> list[Trajectory]:
