@@ -18,6 +18,8 @@ app = typer.Typer(
 )
 console = Console()
 
+EnvNameOption = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}.")
+SetOption = typer.Option(None, "--set", help="Any field of the stage's config as key=value, e.g. --set lr=1e-5.")
 EnvOption = typer.Option(
     None, "--option", "-o", help="Environment option as key=value (repeatable), e.g. -o dim=8."
 )
@@ -65,4 +67,16 @@ def prompt_config(mode: str, max_turns: int, max_actions: int, history_turns: in
     try:
         return PromptConfig(mode, max_turns, max_actions, history_turns)
     except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def settings(cls, base: dict, overrides: list[str] | None):
+    """The stage config ``cls`` from the command's options plus ``--set key=value`` overrides;
+    a bad key or value is a clean CLI error naming it."""
+    from spa.config import ConfigError
+    from spa.config import load as load_config
+
+    try:
+        return load_config(cls, base, overrides or [])
+    except ConfigError as error:
         raise typer.BadParameter(str(error)) from None

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-
 import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (DtypeOption, EnvOption, ModelOption, ModeOption, app, console, load, make_env,
-                            parse_options, prompt_config)
+from spa.cli.common import (
+    DtypeOption,
+    EnvNameOption,
+    EnvOption,
+    ModelOption,
+    ModeOption,
+    app,
+    console,
+    load,
+    make_env,
+    parse_options,
+    prompt_config,
+)
 
 
 @app.command("eval")
 def evaluate_command(
-    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = EnvNameOption,
     model: str = ModelOption,
     mode: str = ModeOption,
     num_envs: int = typer.Option(128, min=1, help="Evaluation seeds (fixed, disjoint from training)."),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (EnvOption, ModelOption, app, console, load, make_env,
-                            parse_options, prompt_config)
+from spa.cli.common import EnvOption, ModelOption, app, console, load, make_env, parse_options, prompt_config
 
 
 @app.command("envs")

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import typer
 
-from spa import envs
-from spa.cli.common import EnvOption, ModelOption, app, console, load, make_env, parse_options
+from spa.cli.common import (
+    EnvNameOption,
+    EnvOption,
+    ModelOption,
+    SetOption,
+    app,
+    console,
+    load,
+    make_env,
+    parse_options,
+    settings,
+)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
 
 @app.command()
 def rwml(
-    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: triplets.jsonl, checkpoint/, metrics.jsonl, eval/."),
     model: str = ModelOption,
     exploration: str = typer.Option("self_play", help="Data: self_play (the policy plays, paper) or random "
@@ -32,12 +42,10 @@ def rwml(
     eval_seeds: int = typer.Option(32, min=0, help="Held-out seeds for next-state accuracy; 0: no evaluation."),
     eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
     resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
-    set_: list[str] = typer.Option(None, "--set", help="Any RWMLConfig field as key=value, e.g. --set "
-                                                       "max_new_tokens=128."),
+    set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
     """RWML: train the policy to predict next states with GRPO; report accuracy before and after."""
-    from spa.config import ConfigError, load as load_config
     from spa.rl.ppo import resume_point
     from spa.rl.rwml_train import RWMLConfig, run
 
@@ -46,10 +54,7 @@ def rwml(
                 max_actions_per_turn=max_actions, steps=steps, group_size=group_size, batch_size=batch,
                 reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
                 eval_seeds=eval_seeds, eval_every=eval_every)
-    try:
-        config = load_config(RWMLConfig, base, set_ or [])
-    except ConfigError as error:
-        raise typer.BadParameter(str(error)) from None
+    config = settings(RWMLConfig, base, set_)
     checkpoint = resume_point(out) if resume else None
     if resume and checkpoint is None:
         console.print(f"no checkpoint in {out}: starting from {model}")

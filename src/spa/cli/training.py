@@ -7,14 +7,25 @@ from pathlib import Path
 
 import typer
 
-from spa import envs
-from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, load, make_env,
-                            parse_options, prompt_config)
+from spa.cli.common import (
+    DtypeOption,
+    EnvNameOption,
+    EnvOption,
+    ModelOption,
+    SetOption,
+    app,
+    console,
+    load,
+    make_env,
+    parse_options,
+    prompt_config,
+    settings,
+)
 
 
 @app.command()
 def selfplay(
-    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = EnvNameOption,
     out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
     model: str = ModelOption,
     episodes: int = typer.Option(1280, min=1, help="Episodes (paper: 1,280 = 160 seeds x 8 samples)."),
@@ -75,7 +86,7 @@ def sft(
     val_fraction: float = typer.Option(0.1, min=0.0, max=0.9, help="Held-out share of episodes."),
     max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
     resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
-    lora_rank: int = typer.Option(0, min=0, help="LoRA adapters of this rank (peft) instead of full fine-tuning; 0: off."),
+    lora_rank: int = typer.Option(0, min=0, help="LoRA rank (peft adapters instead of full fine-tuning); 0: off."),
     seed: int = typer.Option(0, help="Data order and split seed."),
 ) -> None:
     """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
@@ -101,7 +112,7 @@ def sft(
 
 @app.command()
 def ppo(
-    env: str = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: checkpoint/, metrics.jsonl, tensorboard/, eval/."),
     model: str = ModelOption,
     mode: str = typer.Option("state", help="Prompt mode: base, state or world_model."),
@@ -115,24 +126,20 @@ def ppo(
     eval_envs: int = typer.Option(32, min=1, help="Evaluation seeds of the periodic evaluation."),
     eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation seed."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
-    set_: list[str] = typer.Option(None, "--set", help="Any PPOConfig field as key=value, e.g. --set actor_lr=1e-5."),
+    set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
     """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
     import torch
 
     from spa.agent.rollout import RolloutConfig
-    from spa.config import ConfigError, load as load_config
     from spa.eval.evaluate import EvalConfig, evaluate
     from spa.rl.ppo import PPOConfig, resume_point, train
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
     base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every)
-    try:
-        config = load_config(PPOConfig, base, set_ or [])
-    except ConfigError as error:
-        raise typer.BadParameter(str(error)) from None
+    config = settings(PPOConfig, base, set_)
     rollout_config = RolloutConfig(env, parse_options(option), prompt)
     checkpoint = resume_point(out) if resume else None
     if resume and checkpoint is None:
