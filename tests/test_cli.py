@@ -105,3 +105,34 @@ def test_selfplay_rejects_bad_ablation_values(tmp_path):
     result = runner.invoke(app, ["selfplay", "-e", "sokoban", "--out", str(tmp_path / "x.jsonl"),
                                  "--coords", "fuzzy", "--exploration", "random"], terminal_width=200)
     assert result.exit_code == 2 and "coords='fuzzy'" in flat(result.output)
+
+
+def test_sft_with_lora_writes_a_plain_checkpoint_and_its_adapters(tmp_path):
+    data = tmp_path / "fl.jsonl"
+    runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--episodes", "4", "--samples", "2",
+                        "--max-turns", "1", "--exploration", "random"])
+    out = tmp_path / "ckpt"
+    result = runner.invoke(app, ["sft", "--model", "tiny", "--data", str(data), "--out", str(out), "--epochs", "1",
+                                 "--batch-size", "4", "--val-fraction", "0", "--lora-rank", "2"])
+    assert result.exit_code == 0, result.output
+    assert (out / "epoch-1" / "model.safetensors").is_file()
+    assert (out / "epoch-1" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_ppo_trains_logs_checkpoints_and_resumes(tmp_path):
+    out = tmp_path / "rl"
+    args = ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(out), "--groups", "2", "--samples", "2",
+            "--max-turns", "1", "--set", "max_new_tokens=4", "--set", "bf16=false", "--set", "tensorboard=false"]
+    result = runner.invoke(app, args + ["--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert (out / "checkpoint" / "policy" / "model.safetensors").is_file()
+    result = runner.invoke(app, args + ["--steps", "2", "--resume"])
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+def test_ppo_rejects_an_unknown_setting_with_a_suggestion(tmp_path):
+    result = runner.invoke(app, ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(tmp_path),
+                                 "--set", "actor_lrr=1e-5"], terminal_width=200)
+    assert result.exit_code == 2 and "did you mean 'actor_lr'" in flat(result.output)
