@@ -144,3 +144,14 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
     stages = json.loads((folder / "stages.json").read_text())
     assert list(stages) == ["bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"]
     assert "RWML next-state prediction" in (folder / "report.md").read_text()
+
+
+def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
+    recipe = load_recipe(CONFIGS / "sokoban-vanilla.yaml", preset=str(preset))
+    folder = tmp_path / "partial"
+    Run(recipe, folder, log=lambda _: None).run(until="eval_base")
+    assert list(json.loads((folder / "stages.json").read_text())) == ["eval_base"]
+    with pytest.raises(ValueError, match="valid: eval_base, rl, eval_final, report"):
+        Run(recipe, folder).run(until="sft")
+    Run(recipe, folder, log=lambda _: None).run()
+    assert list(json.loads((folder / "stages.json").read_text())) == ["eval_base", "rl", "eval_final", "report"]

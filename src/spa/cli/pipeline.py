@@ -16,6 +16,7 @@ def run(
     preset: str = typer.Option("quick", help="Budget preset: quick (CPU), paper, or a YAML file."),
     name: str = typer.Option(None, help="Run name (default: recipe name and preset)."),
     runs_dir: str = typer.Option("runs", help="Folder of the runs."),
+    until: str = typer.Option(None, help="Stop after this stage (e.g. eval_sft); run again without it to go on."),
 ) -> None:
     """Run a recipe's stages into RUNS_DIR/NAME; run it again to continue after an interruption."""
     from spa.config import ConfigError
@@ -28,14 +29,18 @@ def run(
         recipe = load_recipe(config, overrides or [], preset)
         folder = Path(runs_dir) / (name or f"{Path(config).stem}-{Path(preset).stem}")
         pipeline = Run(recipe, folder, log=lambda text: console.print(text, highlight=False))
+        if until is not None and until not in pipeline.stage_list():
+            raise ValueError(f"--until {until!r} is not a stage of this recipe; valid: "
+                             f"{', '.join(pipeline.stage_list())}")
     except (ConfigError, ValueError) as error:
         raise typer.BadParameter(str(error)) from None
     try:
-        pipeline.run()
+        pipeline.run(until)
     except RuntimeError as error:  # a stage that cannot go on (e.g. self-play kept no example)
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
-    console.print(f"report: {folder / 'report.md'}")
+    if until is None:
+        console.print(f"report: {folder / 'report.md'}")
 
 
 @app.command()

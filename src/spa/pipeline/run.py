@@ -80,8 +80,15 @@ class Run:
             keep.discard("bootstrap")
         return [s for s in STAGES if s in keep]
 
-    def run(self) -> dict:
-        for stage in self.stage_list():
+    def run(self, until: str | None = None) -> dict:
+        """Run the stages not finished yet, in order; ``until`` stops after that stage."""
+        stages = self.stage_list()
+        if until is not None:
+            if until not in stages:
+                raise ValueError(f"stage {until!r} is not a stage of method {self.recipe.method!r}; "
+                                 f"valid: {', '.join(stages)}")
+            stages = stages[: stages.index(until) + 1]
+        for stage in stages:
             if stage in self.stages:
                 self.log(f"stage {stage}: done earlier, skipped")
                 continue
