@@ -80,3 +80,16 @@ def settings(cls, base: dict, overrides: list[str] | None):
         return load_config(cls, base, overrides or [])
     except ConfigError as error:
         raise typer.BadParameter(str(error)) from None
+
+
+def load_for_training(model: str, out: str, resume: bool):
+    """``(checkpoint or None, model, tokenizer)`` for an RL-style stage writing ``out/checkpoint``:
+    the checkpoint's policy when resuming from one, else ``model``; fp32 master weights (bf16
+    autocast and bf16 sampling do the compute)."""
+    from spa.rl.ppo import resume_point
+
+    checkpoint = resume_point(out) if resume else None
+    if resume and checkpoint is None:
+        console.print(f"no checkpoint in {out}: starting from {model}")
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    return checkpoint, lm, tokenizer

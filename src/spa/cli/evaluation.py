@@ -6,19 +6,8 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (
-    DtypeOption,
-    EnvNameOption,
-    EnvOption,
-    ModelOption,
-    ModeOption,
-    app,
-    console,
-    load,
-    make_env,
-    parse_options,
-    prompt_config,
-)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, ModeOption, app,
+                            console, load, make_env, parse_options, prompt_config)
 
 
 @app.command("eval")

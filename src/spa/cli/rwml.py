@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (
-    EnvNameOption,
-    EnvOption,
-    ModelOption,
-    SetOption,
-    app,
-    console,
-    load,
-    make_env,
-    parse_options,
-    settings,
-)
+from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load_for_training,
+                            make_env, parse_options, settings)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
 
@@ -46,7 +36,6 @@ def rwml(
     option: list[str] = EnvOption,
 ) -> None:
     """RWML: train the policy to predict next states with GRPO; report accuracy before and after."""
-    from spa.rl.ppo import resume_point
     from spa.rl.rwml_train import RWMLConfig, run
 
     make_env(env, option)
@@ -55,11 +44,7 @@ def rwml(
                 reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
                 eval_seeds=eval_seeds, eval_every=eval_every)
     config = settings(RWMLConfig, base, set_)
-    checkpoint = resume_point(out) if resume else None
-    if resume and checkpoint is None:
-        console.print(f"no checkpoint in {out}: starting from {model}")
-    # Weights stay fp32 (bf16 autocast and bf16 sampling do the compute), as in spa ppo.
-    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    _, lm, tokenizer = load_for_training(model, out, resume)
     try:
         summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as error:  # no data, no embedder...

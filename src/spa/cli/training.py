@@ -7,20 +7,8 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (
-    DtypeOption,
-    EnvNameOption,
-    EnvOption,
-    ModelOption,
-    SetOption,
-    app,
-    console,
-    load,
-    make_env,
-    parse_options,
-    prompt_config,
-    settings,
-)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load,
+                            load_for_training, make_env, parse_options, prompt_config, settings)
 
 
 @app.command()
@@ -134,17 +122,14 @@ def ppo(
 
     from spa.agent.rollout import RolloutConfig
     from spa.eval.evaluate import EvalConfig, evaluate
-    from spa.rl.ppo import PPOConfig, resume_point, train
+    from spa.rl.ppo import PPOConfig, train
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
     base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every)
     config = settings(PPOConfig, base, set_)
     rollout_config = RolloutConfig(env, parse_options(option), prompt)
-    checkpoint = resume_point(out) if resume else None
-    if resume and checkpoint is None:
-        console.print(f"no checkpoint in {out}: starting from {model}")
-    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    checkpoint, lm, tokenizer = load_for_training(model, out, resume)
     eval_config = EvalConfig(env, parse_options(option), prompt, eval_envs, eval_samples,
                              max_new_tokens=config.max_new_tokens)
 
