@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from spa.agent.rollout import Trajectory
+from spa.models.shared_prefix import hidden_states
 from spa.rl import core
 
 REWARD_PLACEMENTS = ("episode", "turn")
@@ -90,10 +91,11 @@ def hidden_before_targets(decoder, ids: Tensor, attention: Tensor, targets: Tens
     """Hidden states (N, H) at the positions that predict the response tokens.
 
     Token t is predicted from position t - 1; only those N positions go on to the
-    vocabulary projection or the value head (most of the sequence is prompt).
+    vocabulary projection or the value head (most of the sequence is prompt), and the
+    system prompt the rows share runs once (:mod:`spa.models.shared_prefix`).
     """
-    hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
-    return hidden[:, :-1][targets[:, 1:]]
+    hidden, offset = hidden_states(decoder, ids, attention, targets)
+    return hidden[:, :-1][targets[:, offset + 1:]]
 
 
 def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entropy: bool = True

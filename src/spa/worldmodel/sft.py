@@ -38,6 +38,7 @@ from spa import distributed
 from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
+from spa.models.shared_prefix import hidden_states
 from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
 
 
@@ -118,12 +119,13 @@ def masked_lm_loss(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask:
     """Sum of token cross-entropies over the masked targets, and their count.
 
     Token ``t`` is predicted from the hidden state at ``t - 1``; the vocabulary
-    projection runs only on those positions.
+    projection runs only on those positions, and the system prompt all rows share runs
+    once (:func:`spa.models.shared_prefix.hidden_states`).
     """
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
-    targets = loss_mask[:, 1:]
+    hidden, offset = hidden_states(model.get_decoder(), ids, attention, loss_mask)
+    targets = loss_mask[:, offset + 1:]
     logits = model.get_output_embeddings()(hidden[:, :-1][targets]).float()
-    loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][targets], reduction="sum")
+    loss = torch.nn.functional.cross_entropy(logits, ids[:, offset + 1:][targets], reduction="sum")
     return loss, int(targets.sum())
 
 

@@ -1,0 +1,49 @@
+"""Training forward passes that run the batch's shared prompt prefix once.
+
+The sequences of a training batch of one environment all start with the same system
+prompt (the rules and the answer format), typically 60-70% of their tokens. Run as a
+batch of one, its keys and values are repeated for the rows and the rest of each row
+attends to them: the same numbers as a full forward pass, with the prefix's compute
+divided by the batch size; gradients flow back through the repeat into the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward call
+
+
+def shared_prefix_length(ids: Tensor, attention: Tensor, trained: Tensor) -> int:
+    """Length of the untrained token prefix every row of the batch shares (0 if short).
+
+    Counted only while no row has padding or a trained token there; the position before
+    a trained token is excluded too, since position t - 1 predicts token t.
+    """
+    if ids.shape[0] < 2:
+        return 0
+    same = (ids == ids[:1]).all(0) & attention.bool().all(0) & ~trained.any(0)
+    same[:-1] &= ~trained[:, 1:].any(0)
+    length = int(same.long().cumprod(0).sum())
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def hidden_states(decoder, ids: Tensor, attention: Tensor, trained: Tensor) -> tuple[Tensor, int]:
+    """``(hidden, offset)``: the decoder's last hidden states of positions ``offset..L-1``.
+
+    ``trained`` (B, L) marks the tokens whose prediction matters (loss targets, policy
+    tokens). ``offset`` is the length of the shared prefix that ran once (0 when there is
+    none); its own hidden states are not returned, and no trained token needs them, so
+    callers pair ``hidden[:, :-1]`` with the targets ``trained[:, offset + 1:]``.
+    """
+    offset = shared_prefix_length(ids, attention, trained)
+    if not offset:
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state, 0
+    from transformers import DynamicCache
+
+    cache = decoder(input_ids=ids[:1, :offset], past_key_values=DynamicCache(), use_cache=True).past_key_values
+    cache.batch_repeat_interleave(ids.shape[0])
+    hidden = decoder(input_ids=ids[:, offset:], attention_mask=attention, past_key_values=cache,
+                     use_cache=True).last_hidden_state
+    return hidden, offset
