@@ -2,7 +2,8 @@
 
 Baseline: batches of ``--batch-size`` examples in random order, right-padded to the
 longest, loss from ``model(input_ids, labels=...)`` (logits over the whole sequence),
-bf16 autocast. spa: length-bucketed batches and logits only at the trained positions
+bf16 autocast. spa: length-bucketed batches, the system prompt the batch shares run once
+(``spa.models.shared_prefix``) and logits only at the trained positions
 (``spa.worldmodel.sft``). Both run forward + backward + AdamW step on the same examples
 from the same starting weights; tokens/s counts real (non-padding) tokens.
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from spa.models import load_model
+from spa.models.shared_prefix import shared_prefix_length
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import collate, length_buckets, load_examples, masked_lm_loss
 from spa.worldmodel.tokenize import tokenize_example
@@ -95,6 +97,7 @@ def main() -> None:
         "mean_length": round(real / len(pool), 1),
         "padding_fraction_baseline": round(1 - real / sum(b[0].numel() for b in padded), 3),
         "padding_fraction_spa": round(1 - real / sum(b[0].numel() for b in bucketed), 3),
+        "mean_shared_prefix_spa": round(float(np.mean([shared_prefix_length(*b) for b in bucketed])), 1),
         "baseline_tokens_per_s": round(baseline, 1),
         "spa_tokens_per_s": round(ours, 1),
         "speedup": round(ours / baseline, 2),
