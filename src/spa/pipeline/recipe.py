@@ -9,7 +9,7 @@ Methods (the paper's comparison, Table 2):
 * ``vanilla``: PPO from the base model with the ``base`` prompt (raw grid).
 * ``state_estimation``: PPO from the base model with the ``state`` prompt (grid + coordinates).
 * ``spa``: self-play in world-model mode -> ground-truth replacement -> world-model SFT ->
-  PPO from the SFT checkpoint.
+  PPO from the SFT checkpoint (the shipped recipes keep the world-model format in RL).
 
 Baselines with a world model of their own:
 
