@@ -36,3 +36,25 @@ def test_cell_accuracy_counts_cells_in_place():
     assert cell_accuracy("#P_#", "#P_#\n#__#") == 0.5  # a missing row counts as wrong
     assert cell_accuracy("", "#P_#\n#__#") == 0.0
     assert cell_accuracy("1 _ 3 4\n3 4 1 2", "1 2 3 4\n3 4 1 2") == 7 / 8  # Sudoku tokens
+
+
+def test_world_model_accuracy_scores_states_and_the_copy_floor():
+    from types import SimpleNamespace
+
+    from spa.eval.metrics import world_model_accuracy
+
+    before, after = "_P\n__\nPlayer at (0,1).", "__\n_P\nPlayer at (1,1)."
+
+    def turn(observation, prediction, state_after):
+        grid_after = "\n".join(state_after.splitlines()[:2])
+        return SimpleNamespace(observation=observation, prediction=prediction, state_before=before,
+                               grid_before="_P\n__", state_after=state_after, grid_after=grid_after)
+
+    right = turn(before, after, after)  # everything right
+    copied = turn(before, before, after)  # the prediction copies the observation: wrong here
+    blocked = turn(before, before, before)  # a move into the edge: copying is right
+    scores = world_model_accuracy([right, copied, blocked])
+    assert scores["observation_exact"] == 1.0
+    assert scores["prediction_exact"] == 2 / 3
+    assert scores["unchanged_rate"] == 1 / 3
+    assert scores["prediction_cell_acc"] == (1 + 0.5 + 1) / 3

@@ -100,7 +100,12 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
 
 
 def world_model_accuracy(turns) -> dict:
-    """Observation / prediction exact match and per-cell accuracy over ``turns``."""
+    """Observation / prediction exact match and per-cell accuracy over ``turns``.
+
+    ``unchanged_rate`` is the share of turns whose state did not change (moves into
+    walls or edges): the prediction exact match a model would get by copying the
+    observation, the floor a learned transition model has to beat.
+    """
     return {
         "observation_exact": mean(exact_match(t.observation, t.state_before) for t in turns),
         "prediction_exact": mean(exact_match(t.prediction, t.state_after) for t in turns),
@@ -108,6 +113,7 @@ def world_model_accuracy(turns) -> dict:
         "prediction_cell_acc": mean(cell_accuracy(t.prediction, t.grid_after) for t in turns),
         "observation_grid_exact": mean(_grid_exact(t.observation, t.grid_before) for t in turns),
         "prediction_grid_exact": mean(_grid_exact(t.prediction, t.grid_after) for t in turns),
+        "unchanged_rate": mean(exact_match(t.state_before, t.state_after) for t in turns),
     }
 
 
