@@ -54,36 +54,36 @@ def eval_table(run: dict) -> str:
     return "\n".join(rows)
 
 
+def _save(fig, ax, title: str, path: Path, xlabel: str | None = "RL step", unit_range: bool = False) -> Path:
+    """Label, lay out, write and close one figure."""
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if unit_range:
+        ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_rl(run: dict, out: Path) -> list[Path]:
     """Training curves: rollout reward/success and the periodic evaluation's Pass@k."""
-    records = run["rl"]
+    records = [r for r in run["rl"] if "rollout/reward_mean" in r]
     if not records:
         return []
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = [r["step"] for r in records if "rollout/reward_mean" in r]
-    ax.plot(steps, [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r], label="reward")
-    ax.plot(steps, [r["rollout/success"] for r in records if "rollout/reward_mean" in r], label="success")
-    ax.set_xlabel("RL step")
-    ax.set_title(f"{run['name']}: training rollouts")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out / "rl_rollouts.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    evals = [r for r in records if "eval/pass@1" in r]
+    steps = [r["step"] for r in records]
+    ax.plot(steps, [r["rollout/reward_mean"] for r in records], label="reward")
+    ax.plot(steps, [r["rollout/success"] for r in records], label="success")
+    paths = [_save(fig, ax, f"{run['name']}: training rollouts", out / "rl_rollouts.png")]
+    evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for key in sorted({k for r in evals for k in r if k.startswith("eval/pass@")}):
             ax.plot([r["step"] for r in evals], [r.get(key) for r in evals], marker="o", label=key[5:])
-        ax.set_xlabel("RL step")
-        ax.set_ylim(0, 1)
-        ax.set_title(f"{run['name']}: evaluation Pass@k")
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "rl_eval.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, ax, f"{run['name']}: evaluation Pass@k", out / "rl_eval.png", unit_range=True))
     return paths
 
 
@@ -99,14 +99,8 @@ def plot_world_model(run: dict, out: Path) -> list[Path]:
         ax.bar([j + i * width for j in range(len(WM_KEYS))], [wm.get(k, 0) for k in WM_KEYS], width, label=label)
     ax.set_xticks([j + width * (len(entries) - 1) / 2 for j in range(len(WM_KEYS))],
                   [k.replace("_", "\n") for k in WM_KEYS], fontsize=8)
-    ax.set_ylim(0, 1)
-    ax.set_title(f"{run['name']}: world-model accuracy")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "world_model.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, ax, f"{run['name']}: world-model accuracy", out / "world_model.png", xlabel=None,
+                  unit_range=True)]
 
 
 def write_report(folder: str | Path) -> Path:
