@@ -10,7 +10,7 @@ from spa.agent.rollout import RolloutConfig, Trajectory, Turn
 from spa.rl.batch import (collate, critic_advantages, group_advantages, place_rewards, policy_forward,
                           turn_samples)
 from spa.rl.critic import Critic
-from spa.rl.ppo import PPOConfig, keep_groups, resume_point, train
+from spa.rl.ppo import PPOConfig, group_spread, resume_point, top_groups, train
 from spa.rl.logger import read_metrics
 from tests.scripted import ScriptedEngine
 
@@ -29,12 +29,13 @@ def episode(group, rewards, sample=0, lengths=None):
     return t
 
 
-def test_keep_groups_prefers_the_groups_whose_rewards_vary():
+def test_group_filter_prefers_the_groups_whose_rewards_vary():
     trajectories = [episode(0, [1.0]), episode(0, [1.0], 1), episode(1, [0.0]), episode(1, [5.0], 1),
                     episode(2, [0.0]), episode(2, [1.0], 1)]
-    assert {t.group for t in keep_groups(trajectories, 0.25)} == {1}
-    assert {t.group for t in keep_groups(trajectories, 0.5)} == {1, 2}
-    assert len(keep_groups(trajectories, 1.0)) == 6
+    spread = group_spread(trajectories)
+    assert top_groups(spread, 0.25) == {1}
+    assert top_groups(spread, 0.5) == {1, 2}
+    assert top_groups(spread, 1.0) == {0, 1, 2}
 
 
 def test_rewards_are_placed_on_turn_ends():

@@ -9,7 +9,6 @@ divided by the batch size; gradients flow back through the repeat into the prefi
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward call

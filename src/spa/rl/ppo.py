@@ -45,7 +45,7 @@ from spa.eval.metrics import summarize
 from spa.io import atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
 from spa.rl import core
-from spa.rl.batch import (Sample, collate, critic_advantages, group_advantages, pad_responses,
+from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, pad_responses,
                           policy_forward, turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
@@ -103,7 +103,7 @@ class PPOConfig:
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
-                  "reward": self.reward in ("episode", "turn")}
+                  "reward": self.reward in REWARD_PLACEMENTS}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
@@ -121,12 +121,6 @@ def top_groups(spread: dict[int, float], fraction: float) -> set[int]:
     """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first)."""
     n = max(1, math.ceil(fraction * len(spread)))
     return set(sorted(spread, key=lambda g: (-spread[g], g))[:n])
-
-
-def keep_groups(trajectories: list[Trajectory], fraction: float) -> list[Trajectory]:
-    """The trajectories of the ``ceil(fraction x groups)`` groups with the highest reward std."""
-    kept = top_groups(group_spread(trajectories), fraction)
-    return [t for t in trajectories if t.group in kept]
 
 
 @dataclass(frozen=True)
@@ -151,6 +145,12 @@ def sample_table(samples: list[Sample], kept: list[Trajectory], aggregation: str
     mine = [Entry((kept[s.episode].group, kept[s.episode].sample, s.turn), _units([s], aggregation), len(s.ids),
                   rank, i) for i, s in enumerate(samples)]
     return sorted(distributed.gather(mine), key=lambda e: e.key)
+
+
+def local_table(samples: list[Sample], aggregation: str) -> list[Entry]:
+    """The table of a single process holding every sample, in the samples' order
+    (for callers whose samples are not turns of trajectories, e.g. RWML's predictions)."""
+    return [Entry((s.episode, s.turn, 0), _units([s], aggregation), len(s.ids), 0, i) for i, s in enumerate(samples)]
 
 
 def _minibatches(samples: list[Sample], table: list[Entry], config: PPOConfig, rng: np.random.Generator):
@@ -290,14 +290,16 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict:
     return metrics
 
 
-def save_checkpoint(out: Path, step: int, policy, tokenizer, critic, actor_opt, critic_opt) -> Path:
-    """``out/checkpoint``, replaced atomically: policy (HF folder), critic and optimizers."""
+def save_checkpoint(out: Path, step: int, policy, tokenizer, critic, actor_opt, critic_opt,
+                    extra: dict | None = None) -> Path:
+    """``out/checkpoint``, replaced atomically: policy (HF folder), critic and optimizers,
+    and ``extra`` entries in the trainer state (RWML's data fingerprint)."""
     with atomic_dir(out / "checkpoint") as tmp:
         policy.save_pretrained(tmp / "policy")
         tokenizer.save_pretrained(tmp / "policy")
         torch.save({"step": step, "actor_opt": actor_opt.state_dict(),
                     "critic": critic.state_dict() if critic is not None else None,
-                    "critic_opt": critic_opt.state_dict() if critic_opt is not None else None},
+                    "critic_opt": critic_opt.state_dict() if critic_opt is not None else None, **(extra or {})},
                    tmp / "trainer_state.pt")
     return out / "checkpoint"
 

@@ -44,12 +44,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from spa import distributed
 from spa.agent.seeds import eval_seeds
 from spa.eval.metrics import exact_match
-from spa.io import atomic_dir, write_json, write_jsonl
+from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.rl import core
 from spa.rl.batch import Sample
 from spa.rl.logger import MetricsLogger
-from spa.rl.ppo import Entry, PPOConfig, resume_point, update_actor
+from spa.rl.ppo import PPOConfig, local_table, resume_point, save_checkpoint, update_actor
 from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward,
                             prediction_cell_reward, prediction_embedding_reward,
                             prediction_exact_reward, state_match)
@@ -367,10 +367,8 @@ def update_policy(policy, optimizer, samples: list[Sample], actor: PPOConfig, pa
     """
     if distributed.world()[1] > 1:
         raise RuntimeError("the RWML stage runs on a single process; launch it without accelerate/torchrun")
-    token_mean = actor.aggregation == "token-mean"  # what the aggregation averages over, as in ppo
-    table = [Entry((s.episode, s.turn, 0), s.response_length if token_mean else 1, len(s.ids), 0, i)
-             for i, s in enumerate(samples)]
-    return update_actor(policy, None, optimizer, samples, table, actor, pad_id, autocast, rng)
+    return update_actor(policy, None, optimizer, samples, local_table(samples, actor.aggregation), actor, pad_id,
+                        autocast, rng)
 
 
 def score(completions: list[str], targets: list[str], config: RWMLConfig, embedder=None) -> list[float]:
@@ -390,16 +388,6 @@ def load_embedder(config: RWMLConfig, required: bool):
         if required:
             raise
         return None
-
-
-def save_checkpoint(out: Path, step: int, policy, tokenizer, optimizer, data: str) -> Path:
-    """``out/checkpoint``, replaced atomically: the policy (HF folder) and the optimizer, in
-    ``spa.rl.ppo``'s layout (so ``resume_point`` finds it) plus the data fingerprint."""
-    with atomic_dir(out / "checkpoint") as tmp:
-        policy.save_pretrained(tmp / "policy")
-        tokenizer.save_pretrained(tmp / "policy")
-        torch.save({"step": step, "actor_opt": optimizer.state_dict(), "data": data}, tmp / "trainer_state.pt")
-    return out / "checkpoint"
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -487,7 +475,8 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
             if done % config.save_every == 0 or done == config.steps:
-                save_checkpoint(out, done, policy, tokenizer, optimizer, data)
+                # spa.rl.ppo's layout, so resume_point finds it; the data fingerprint guards resume
+                save_checkpoint(out, done, policy, tokenizer, None, optimizer, None, extra={"data": data})
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:.2f}  "
                                                   f"exact {metrics['rollout/exact']:.0%}")
     logger.close()
