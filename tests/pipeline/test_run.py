@@ -97,10 +97,29 @@ def test_a_rerun_skips_finished_stages_and_refuses_another_recipe(preset, finish
 
 
 def test_compare_command_tables_the_runs(finished, tmp_path):
-    result = CliRunner().invoke(app, ["compare", str(finished), str(finished), "--out", str(tmp_path / "cmp")])
+    # A second run, stopped after the SFT evaluation: its final columns stay empty.
+    partial = tmp_path / "partial"
+    shutil.copytree(finished, partial)
+    stages = json.loads((partial / "stages.json").read_text())
+    kept = {k: v for k, v in stages.items() if k in ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft")}
+    (partial / "stages.json").write_text(json.dumps(kept))
+    result = CliRunner().invoke(app, ["compare", str(finished), str(partial), "--out", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
-    table = (tmp_path / "cmp" / "comparison.md").read_text()
-    assert table.count("| straight | spa | sokoban |") == 2
+    rows = [line.split(" | ") for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+            if line.startswith("| straight") or line.startswith("| partial")]
+    mode = next(iter(stages["eval_final"]["outputs"]))
+
+    def pct(stage, key):  # the tiny budget samples twice: there is no Pass@8
+        value = stages[stage]["outputs"][mode].get(key)
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    full, cut = rows
+    assert pct("eval_base", "pass@1") != "-"
+    assert full[1:4] == ["spa", "sokoban", mode]
+    assert full[4:10] == [pct("eval_base", "pass@1"), pct("eval_base", "pass@8"), pct("eval_sft", "pass@1"),
+                          pct("eval_sft", "pass@8"), pct("eval_final", "pass@1"), pct("eval_final", "pass@8")]
+    assert cut[4:10] == full[4:8] + ["-", "-"]
+    assert "(unfinished)" in cut[10] and "(unfinished)" not in full[10]
     assert (tmp_path / "cmp" / "curves.png").exists()
 
 

@@ -140,20 +140,32 @@ def write_report(folder: str | Path) -> Path:
 
 
 def compare(folders: list[str | Path], out: str | Path) -> Path:
-    """A side-by-side table of runs (before/after Pass@1 and Pass@8) and overlaid curves."""
+    """A side-by-side table of runs and overlaid curves.
+
+    Per run: Pass@1 / Pass@8 of the base model, of the model before RL (after SFT or
+    RWML, when the method has that stage) and of the final model, all in the mode the
+    final model is evaluated in, and the run's total wall time. A run that has not
+    finished shows ``-`` for what it has not evaluated yet.
+    """
     runs = [load_run(f) for f in folders]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = ["| run | method | env | base Pass@1 | base Pass@8 | final Pass@1 | final Pass@8 | RL wall time (s) |",
-            "|---|---|---|---:|---:|---:|---:|---:|"]
+    rows = ["| run | method | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
+            "| final Pass@1 | final Pass@8 | wall time (min) |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         recipe = _recipe_summary(run["config"])
-        mode = next((m for (s, m) in run["evals"] if s == "eval_final"), None)
-        base = run["evals"].get(("eval_base", mode), {}).get("pass_at_k", {})
-        final = run["evals"].get(("eval_final", mode), {}).get("pass_at_k", {})
-        rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | "
-                    f"{_pct(base.get('pass@1'))} | {_pct(base.get('pass@8'))} | {_pct(final.get('pass@1'))} | "
-                    f"{_pct(final.get('pass@8'))} | {run['stages'].get('rl', {}).get('seconds', '-')} |")
+        mode = _final_mode(run)
+        cells = []
+        for stage in ("eval_base", ("eval_sft", "eval_rwml"), "eval_final"):
+            found = [run["evals"][(s, mode)] for s in (stage if isinstance(stage, tuple) else (stage,))
+                     if (s, mode) in run["evals"]]
+            pass_at = found[0]["pass_at_k"] if found else {}
+            cells += [_pct(pass_at.get("pass@1")), _pct(pass_at.get("pass@8"))]
+        minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
+        done = "report" in run["stages"]
+        rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
+                    + " | ".join(cells) + f" | {minutes:.0f}{'' if done else ' (unfinished)'} |")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for run in runs:
         records = [r for r in run["rl"] if "rollout/reward_mean" in r]
@@ -170,6 +182,12 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
     plt.close(fig)
     text = "\n".join(["# Comparison", "", *rows, "", "![curves](curves.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
+
+
+def _final_mode(run: dict) -> str | None:
+    """The mode the run trains and is finally evaluated in: every evaluation stage runs it
+    first (the world-model mode, when also evaluated, comes after it)."""
+    return next((mode for (_, mode) in run["evals"]), None)
 
 
 def _recipe_summary(config_text: str) -> dict:
