@@ -1,4 +1,6 @@
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ def test_default_model_loads_from_package_and_cache_is_reused(tmp_path, monkeypa
     target = tmp_path / "models" / "smollm2-135m-instruct"
     assert (target / "model.safetensors").is_file()
     stamp = json.loads((target / "spa_converted.json").read_text())
-    assert stamp["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert stamp["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert model.dtype == torch.bfloat16
     assert getattr(model, "hf_quantizer", None) is None
     assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
@@ -55,7 +57,23 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         loading.default_model_path()
     models_dir = tmp_path / "models"
-    assert list(models_dir.iterdir()) == []  # neither the target nor a temporary folder
+    assert [p for p in models_dir.iterdir() if p.is_dir()] == []  # neither the target nor a temporary folder
+
+
+def test_processes_starting_together_convert_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPA_HOME", str(tmp_path))
+    calls = []
+
+    def slow_conversion(source, target, stamp):
+        calls.append(target)
+        time.sleep(0.3)  # long enough for the other caller to arrive while it runs
+        target.mkdir(parents=True)
+        (target / "spa_converted.json").write_text(json.dumps(stamp))
+
+    monkeypatch.setattr(loading, "convert_gguf", slow_conversion)
+    with ThreadPoolExecutor(2) as pool:  # flock excludes separate open()s, threads included
+        paths = list(pool.map(lambda _: loading.default_model_path(), range(2)))
+    assert len(calls) == 1 and paths[0] == paths[1] == calls[0]
 
 
 def test_tiny_model_generates(tiny):
@@ -82,3 +100,21 @@ def test_missing_local_path_is_an_error(tmp_path):
 def test_bad_dtype_lists_valid_ones():
     with pytest.raises(ValueError, match="unknown dtype 'int3'.*bf16"):
         loading.resolve_dtype("int3")
+
+
+def test_a_cache_stamped_with_the_source_path_stays_valid(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPA_HOME", str(tmp_path))
+    source = loading.gguf_source()
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    target.mkdir(parents=True)
+    marker = target / "spa_converted.json"
+    marker.write_text(json.dumps({"source": f"/elsewhere/venv/{source.name}", "size": source.stat().st_size}))
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the cached folder should have been reused")
+
+    monkeypatch.setattr(loading, "convert_gguf", no_conversion)
+    assert loading.default_model_path() == target
+    marker.write_text(json.dumps({"source": str(source), "size": 1}))  # another file: converted again
+    with pytest.raises(AssertionError, match="reused"):
+        loading.default_model_path()

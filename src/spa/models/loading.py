@@ -17,6 +17,7 @@ generation of prompts of different lengths needs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -156,15 +157,49 @@ def gguf_source() -> Path:
 
 
 def default_model_path() -> Path:
-    """Folder of the converted default model, converting it on first use."""
+    """Folder of the converted default model, converting it on first use.
+
+    The cache is keyed by the GGUF file's name and size, not its path, so virtual
+    environments holding the same package share it. Processes that start together (two
+    runs side by side) convert once: the conversion holds a file lock and the others
+    wait for it, then find the cache fresh.
+    """
     source = gguf_source()
     target = spa_home() / "models" / DEFAULT_MODEL
-    stamp = {"source": str(source), "size": source.stat().st_size}
-    marker = target / _CACHE_MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+    stamp = {"file": source.name, "size": source.stat().st_size}
+    if _fresh(target, stamp):
         return target
-    convert_gguf(source, target, stamp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if not _fresh(target, stamp):  # another process may have converted it meanwhile
+            convert_gguf(source, target, stamp)
     return target
+
+
+def _fresh(target: Path, stamp: dict) -> bool:
+    try:
+        found = json.loads((target / _CACHE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if "source" in found:  # written by earlier versions: the file's full path
+        found = {"file": Path(found["source"]).name, "size": found.get("size")}
+    return found == stamp
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock on ``path`` (POSIX); elsewhere, no lock."""
+    with open(path, "a") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows: conversions side by side stay possible, each still atomic
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def convert_gguf(source: Path, target: Path, stamp: dict) -> None:
