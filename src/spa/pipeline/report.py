@@ -185,9 +185,10 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
 
 
 def _final_mode(run: dict) -> str | None:
-    """The mode the run trains and is finally evaluated in: every evaluation stage runs it
-    first (the world-model mode, when also evaluated, comes after it)."""
-    return next((mode for (_, mode) in run["evals"]), None)
+    """The mode of the final evaluation; before it exists, the mode every evaluation stage
+    runs first (the RL mode; the world-model mode, when also evaluated, comes after)."""
+    finals = [mode for (stage, mode) in run["evals"] if stage == "eval_final"]
+    return next(iter(finals or [mode for (_, mode) in run["evals"]]), None)
 
 
 def _recipe_summary(config_text: str) -> dict:
