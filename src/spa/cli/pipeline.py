@@ -48,12 +48,12 @@ def compare(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
     out: str = typer.Option("comparison", help="Output folder: comparison.md and curves.png."),
 ) -> None:
-    """Side-by-side table (Pass@1, Pass@8 before and after) and overlaid training curves."""
+    """Side-by-side table (Pass@1, Pass@8 of the base model, before RL and after) and overlaid training curves."""
     from spa.pipeline.report import compare as write_comparison
 
     try:
         path = write_comparison(runs, out)
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error)) from None
-    console.print(path.read_text(), highlight=False)
+    console.print(path.read_text(), highlight=False, soft_wrap=True)  # table rows stay whole lines
     console.print(f"wrote {path} and {Path(out) / 'curves.png'}")
