@@ -123,7 +123,8 @@ def write_report(folder: str | Path) -> Path:
         before, after = summary.get("before") or {}, summary.get("after") or {}
         lines.append("- RWML next-state prediction on held-out transitions (before -> after): "
                      + ", ".join(f"{k} {_pct(before.get(k))}% -> {_pct(after.get(k))}%"
-                                 for k in ("exact", "cell", "embedding") if k in before))
+                                 for k in ("exact", "cell", "embedding", "copied") if k in before)
+                     + " (copied: predictions that repeat the state before the actions)")
     if "sft" in stages:
         for e in stages["sft"]["outputs"]["history"]:
             lines.append(f"- SFT epoch {e['epoch']}: train loss {e['train_loss']:.3f}, val loss {e['val_loss']:.3f}, "
