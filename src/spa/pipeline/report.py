@@ -158,10 +158,9 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
         recipe = _recipe_summary(run["config"])
         mode = _final_mode(run)
         cells = []
-        for stage in ("eval_base", ("eval_sft", "eval_rwml"), "eval_final"):
-            found = [run["evals"][(s, mode)] for s in (stage if isinstance(stage, tuple) else (stage,))
-                     if (s, mode) in run["evals"]]
-            pass_at = found[0]["pass_at_k"] if found else {}
+        for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
+            found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
+            pass_at = found.get("pass_at_k", {})
             cells += [_pct(pass_at.get("pass@1")), _pct(pass_at.get("pass@8"))]
         minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
         done = "report" in run["stages"]
