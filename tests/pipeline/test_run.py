@@ -149,7 +149,8 @@ def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):
     folder = tmp_path / "vagen"
     Run(load_recipe(CONFIGS / "sokoban-vagen.yaml", preset=str(preset)), folder, log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["eval_base", "rl", "eval_final", "report"]
+    assert list(stages) == ["bootstrap", "eval_base", "rl", "eval_final", "report"]
+    assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
     records = [json.loads(line) for line in (folder / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert all("rollout/shaping_reward" in r for r in records if r["step"] > 0)
     assert list(stages["eval_final"]["outputs"]) == ["world_model"]
@@ -176,4 +177,6 @@ def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
     with pytest.raises(ValueError, match="valid: eval_base, rl, eval_final, report"):
         Run(recipe, folder).run(until="sft")
     Run(recipe, folder, log=lambda _: None).run()
-    assert list(json.loads((folder / "stages.json").read_text())) == ["eval_base", "rl", "eval_final", "report"]
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["eval_base", "rl", "eval_final", "report"]
+    assert stages["rl"]["outputs"]["start"] == recipe.model  # vanilla RL starts from the base model

@@ -2,14 +2,14 @@
 
 Stages, in order (the SPA-only ones are skipped for the baselines):
 
-    bootstrap   random-exploration data + SFT that teaches the format (optional; spa, rwml)
+    bootstrap   random-exploration data + SFT that teaches the format (optional; spa, rwml, vagen)
     selfplay    world-model self-play with ground-truth replacement (spa)
     sft         world-model SFT on the self-play data (spa)
     eval_base   the base model, before any training
     eval_sft    the SFT checkpoint (spa)
     rwml        RWML: GRPO of the policy as a world model (rwml, rwml+ppo)
     eval_rwml   the RWML checkpoint as an agent (rwml+ppo)
-    rl          PPO / GRPO from the SFT or RWML checkpoint, or the base model
+    rl          PPO / GRPO from the SFT or RWML checkpoint, else the bootstrap one, else the base model
     eval_final  the last model: the RL policy (the RWML one for rwml)
     report      report.md and plots
 
@@ -49,7 +49,9 @@ STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rwml", "eval
 METHOD_STAGES = {
     "vanilla": {"eval_base", "rl", "eval_final", "report"},
     "state_estimation": {"eval_base", "rl", "eval_final", "report"},
-    "vagen": {"eval_base", "rl", "eval_final", "report"},
+    # vagen's turn rewards are paid only for well-formed world-model turns, which a small
+    # base model never writes: like rwml it starts from the format bootstrap when there is one.
+    "vagen": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
     "spa": {"bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"},
     "rwml": {"bootstrap", "eval_base", "rwml", "eval_final", "report"},
     "rwml+ppo": {"bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"},
@@ -107,11 +109,12 @@ class Run:
         return self.stages[stage]["outputs"][key]
 
     def start_model(self) -> str:
-        """Where RL starts: the SFT checkpoint (spa), the RWML one (rwml+ppo), or the base model."""
+        """Where RL starts: the SFT checkpoint (spa), the RWML one (rwml+ppo), the format
+        bootstrap (vagen), or the base model (vanilla, state_estimation)."""
         for stage in ("sft", "rwml"):
             if stage in self.stages:
                 return self.output(stage)
-        return self.recipe.model
+        return self.bootstrapped()
 
     def bootstrapped(self) -> str:
         """The format-bootstrap checkpoint when there is one, else the base model."""
@@ -228,7 +231,8 @@ class Run:
                                   format_reward=r.vagen.format_reward)
         train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint,
                  turn_reward=turn_reward)
-        return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl")}
+        return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl"),
+                "start": self.start_model()}
 
     def _eval_final(self) -> dict:
         return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
