@@ -166,7 +166,7 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
     stages = json.loads((folder / "stages.json").read_text())
     assert list(stages) == ["bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"]
     report = (folder / "report.md").read_text()
-    assert "RWML next-state prediction" in report and "copied" in report
+    assert "RWML next-state prediction" in report and "copied" in report and "changed_exact" in report
 
 
 def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):

@@ -138,6 +138,12 @@ def test_prediction_accuracy_on_hand_cases(tiny, tmp_path):
     half = prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [copy_]))
     assert (half["exact"], half["found"], half["copied"]) == (0.0, 0.5, 0.5)
     assert half["cell"] == pytest.approx(0.5 * 13 / 15) and "embedding" not in half
+    # A move into a wall changes nothing: copying is exact there, so only changed_exact
+    # (over the one transition that moves) tells a copier from a world model.
+    wall = [triplet(0), triplet(1, after=BEFORE)]
+    copier = prediction_accuracy(model, tokenizer, wall, engine=ScriptedEngine(tokenizer, [[copy_[0]] * 2]))
+    assert (copier["exact"], copier["copied"], copier["changed"], copier["changed_exact"]) == (0.5, 1.0, 1, 0.0)
+    assert (right["changed"], right["changed_exact"]) == (2, 1.0)
     with pytest.raises(ValueError, match="at least one triplet"):
         prediction_accuracy(model, tokenizer, [])
 
@@ -249,7 +255,7 @@ def test_cli_runs_the_stage_and_resumes_without_recollecting(tmp_path):
     assert len(triplets) == stats["triplets"] and stats["filter"]["triplets"] >= len(triplets)
     summary = json.loads((out / "eval" / "summary.json").read_text())
     assert summary["before"]["step"] == 0 and summary["after"]["step"] == 1
-    assert {"exact", "cell", "copied"} <= set(summary["delta"]) and "next-state exact" in result.output
+    assert {"exact", "changed_exact", "cell", "copied"} <= set(summary["delta"]) and "next-state exact" in result.output
     assert resume_point(out) is not None and (out / "eval" / "step-1.predictions.jsonl").is_file()
     # Resuming a finished run reuses its triplets and trains nothing more.
     result = runner.invoke(app, args + ["--resume"], terminal_width=200)

@@ -52,7 +52,7 @@ def rwml(
         raise typer.Exit(1) from None
     before, after = summary["before"], summary["after"]
     if before and after:
-        for key in ("exact", "cell", "embedding", "copied"):
+        for key in ("exact", "changed_exact", "cell", "embedding", "copied"):
             if key in before and key in after:
-                console.print(f"next-state {key:9s} {100 * before[key]:5.1f}% -> {100 * after[key]:5.1f}%")
+                console.print(f"next-state {key:13s} {100 * before[key]:5.1f}% -> {100 * after[key]:5.1f}%")
     console.print(f"world model in {out}/checkpoint/policy; accuracy in {out}/eval/summary.json")

@@ -121,10 +121,13 @@ def write_report(folder: str | Path) -> Path:
     if "rwml" in stages:
         summary = stages["rwml"]["outputs"]["summary"]
         before, after = summary.get("before") or {}, summary.get("after") or {}
+        keys = [k for k in ("exact", "changed_exact", "cell", "embedding", "copied") if k in before]
+        glosses = {"changed_exact": "exact on the transitions that change the state",
+                   "copied": "predictions that repeat the state before the actions"}
+        gloss = "; ".join(f"{k}: {glosses[k]}" for k in keys if k in glosses)
         lines.append("- RWML next-state prediction on held-out transitions (before -> after): "
-                     + ", ".join(f"{k} {_pct(before.get(k))}% -> {_pct(after.get(k))}%"
-                                 for k in ("exact", "cell", "embedding", "copied") if k in before)
-                     + " (copied: predictions that repeat the state before the actions)")
+                     + ", ".join(f"{k} {_pct(before.get(k))}% -> {_pct(after.get(k))}%" for k in keys)
+                     + (f" ({gloss})" if gloss else ""))
     if "sft" in stages:
         for e in stages["sft"]["outputs"]["history"]:
             lines.append(f"- SFT epoch {e['epoch']}: train loss {e['train_loss']:.3f}, val loss {e['val_loss']:.3f}, "

@@ -280,8 +280,11 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     against the true next state: ``exact`` (``prediction_exact_reward``), ``cell`` (per-cell
     accuracy of the grid), ``state_match`` (grid + coordinates, ``spa.rl.rewards``),
     ``embedding`` (rate of RWML's reward 1, only with an ``embedder``), ``found`` (share
-    with a prediction block) and ``copied`` (share that repeat the state before the
-    actions: the trivial wrong answer). ``records``: a JSONL file of every prediction.
+    with a prediction block), ``copied`` (share that repeat the state before the
+    actions: the trivial wrong answer) and ``changed_exact`` (``exact`` over the triplets
+    whose actions change the state, ``changed`` of them: there a copy scores 0, so this
+    is the rate of transitions actually predicted). ``records``: a JSONL file of every
+    prediction.
     """
     if not triplets:
         raise ValueError("prediction_accuracy needs at least one triplet")
@@ -297,8 +300,10 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     cell = prediction_cell_reward(texts, targets=targets)
     match = [state_match(p, target) for p, target in zip(predictions, targets)]
     copied = [p is not None and exact_match(p, t.state_before) for p, t in zip(predictions, triplets)]
+    changed = [i for i, t in enumerate(triplets) if not exact_match(t.next_state, t.state_before)]
     metrics = {"triplets": len(triplets), "exact": _mean(exact), "cell": _mean(cell), "state_match": _mean(match),
                "found": _mean(p is not None for p in predictions), "copied": _mean(copied),
+               "changed": len(changed), "changed_exact": _mean(exact[i] for i in changed),
                "response_length": _mean(len(g.token_ids) for g in generations)}
     embedding = None
     if embedder is not None:
