@@ -10,7 +10,10 @@ and the action (the reward lives in ``spa.rl.rewards``). Here:
   ``<prediction>..</prediction>``;
 * ``filter_too_easy``: a triplet is easy when all K predictions of a filter model lie
   within distance tau of the truth; easy ones are kept with probability ``keep_prob``
-  (paper: 0.1).
+  (paper: 0.1);
+* ``collect_triplets`` (training data: play, extract, dedupe, filter),
+  ``eval_triplets`` (held-out transitions), ``prompt_ids``, save/load and the data
+  ``fingerprint`` that guards a resumed run.
 
 Departure: our "action" is a turn's list of valid actions (a turn may hold several,
 joined by ``||``), since the state after the turn is what the environment reports.
@@ -19,15 +22,23 @@ Invalid actions change nothing, so leaving them out keeps the transition exact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from spa.agent.parsing import ACTION_SEPARATOR
+from spa.agent.seeds import eval_seeds
 from spa.envs import make
+from spa.io import write_jsonl
 from spa.rl.rewards import embedding_distances, state_distance  # noqa: F401 - re-exported
+from spa.worldmodel.selfplay import SelfPlayConfig, collect, random_exploration
+
+if TYPE_CHECKING:
+    from spa.rl.rwml_train import RWMLConfig
 
 #: Answer format of the world-model prompt; ``extract_prediction`` reads it.
 WM_FORMAT = ("<think>how each action changes the state</think>"
@@ -198,3 +209,98 @@ def filter_too_easy(
     stats = {"triplets": len(triplets), "easy": easy, "hard": len(triplets) - easy,
              "easy_kept": easy_kept, "dropped": easy - easy_kept, "kept": len(kept)}
     return kept, stats
+
+
+# ---------------------------------------------------------------------------- data sets
+
+
+def prompt_ids(tokenizer, triplet: Triplet) -> list[int]:
+    """The chat-templated world-model prompt of ``triplet`` (``world_model_messages``)."""
+    ids = tokenizer.apply_chat_template(world_model_messages(triplet), add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _key(triplet: Triplet) -> str:
+    """What makes two triplets the same example: their prompt and their target."""
+    return json.dumps([triplet.env, triplet.env_config, triplet.history, triplet.turn, triplet.state_before,
+                       triplet.actions, triplet.next_state], sort_keys=True)
+
+
+def dedupe(triplets: list[Triplet]) -> list[Triplet]:
+    """The first of every set of identical triplets (same prompt, same next state), in order."""
+    seen: set[str] = set()
+    out = []
+    for t in triplets:
+        if _key(t) not in seen:
+            seen.add(_key(t))
+            out.append(t)
+    return out
+
+
+def collect_triplets(env: str, env_config: dict, config: RWMLConfig, engine=None, tokenizer=None,
+                     predict=None, embedder=None, on_turn=None) -> tuple[list[Triplet], dict]:
+    """Play the training seeds, extract triplets, dedupe and filter them; returns (triplets, stats).
+
+    ``engine``/``tokenizer`` play for ``self_play``; ``predict`` (``sampling_predictor``)
+    is the filter model, needed when ``config.filter``; ``embedder`` when the filter
+    distance is ``embedding``.
+    """
+    selfplay = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.episodes,
+                              samples=config.samples, seed_start=config.seed_start, max_turns=config.max_turns,
+                              max_actions_per_turn=config.max_actions_per_turn,
+                              max_new_tokens=config.rollout_max_new_tokens, exploration=config.exploration,
+                              seed=config.seed)
+    if config.exploration == "self_play" and engine is None:
+        raise ValueError("exploration 'self_play' needs an engine and a tokenizer; or use exploration 'random'")
+    trajectories = collect(engine, tokenizer, selfplay, on_turn=on_turn)
+    turns = sum(len(t.turns) for t in trajectories)
+    triplets = triplets_from_trajectories(trajectories, config.history_turns, config.require_format)
+    extracted = len(triplets)
+    if config.dedupe:
+        triplets = dedupe(triplets)
+    stats = {"episodes": len(trajectories), "turns": turns, "extracted": extracted,
+             "duplicates": extracted - len(triplets), "exploration": config.exploration,
+             "success_rate": sum(t.success for t in trajectories) / max(len(trajectories), 1)}
+    if config.filter and triplets:
+        if predict is None:
+            raise ValueError("the too-easy filter needs a predictor (sampling_predictor); or set filter=false")
+        if config.filter_distance == "embedding":
+            if embedder is None:
+                raise ValueError("filter_distance 'embedding' needs an embedder")
+            distance, tau = embedding_distances(embedder), config.filter_tau or config.tau
+        else:
+            distance, tau = state_distances, config.filter_tau or DEFAULT_FILTER_TAU
+        triplets, filtered = filter_too_easy(triplets, predict, k=config.filter_k, tau=tau,
+                                             keep_prob=config.filter_keep_prob, distance=distance, rng=config.seed)
+        stats["filter"] = {**filtered, "tau": tau, "distance": config.filter_distance}
+    stats["triplets"] = len(triplets)
+    return triplets, stats
+
+
+def eval_triplets(env: str, env_config: dict, config: RWMLConfig) -> list[Triplet]:
+    """Held-out triplets: one random-exploration episode per evaluation seed.
+
+    Random actions make the set independent of the model, so the accuracy before and
+    after training is measured on the same transitions; the seeds never overlap training.
+    """
+    if config.eval_seeds == 0:
+        return []
+    explore = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.eval_seeds, samples=1,
+                             max_turns=config.max_turns, max_actions_per_turn=config.max_actions_per_turn,
+                             exploration="random", seed=config.seed)
+    trajectories = random_exploration(explore, eval_seeds(config.eval_seeds))
+    return triplets_from_trajectories(trajectories, config.history_turns, require_format=False)
+
+
+def save_triplets(path: str | Path, triplets: list[Triplet]) -> Path:
+    return write_jsonl(path, [t.to_json() for t in triplets])
+
+
+def load_triplets(path: str | Path) -> list[Triplet]:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [Triplet.from_json(json.loads(line)) for line in lines if line.strip()]
+
+
+def fingerprint(triplets: list[Triplet]) -> str:
+    """A short hash of the training data: a resumed run must train on the same triplets."""
+    return hashlib.sha256("\n".join(_key(t) for t in triplets).encode()).hexdigest()[:16]

@@ -1,11 +1,12 @@
 """The RWML stage: train the policy as a world model with GRPO (Yu et al., 2026, seed 003).
 
-RWML (Reinforcement World Model Learning) in three parts, each a function here:
+RWML (Reinforcement World Model Learning) in three parts:
 
-1. Data (``collect_triplets``): play training seeds, with the policy (the paper) or with
-   random valid actions, turn the turns into ``<s_<=t, a_t, s_t+1>`` triplets
-   (``spa.rl.rwml``) and subsample the "too easy" ones: those a filter model (the policy
-   at the start, by default) already predicts in all K samples (kept with p = 0.1).
+1. Data (``spa.rl.rwml.collect_triplets``): play training seeds, with the policy (the
+   paper) or with random valid actions, turn the turns into ``<s_<=t, a_t, s_t+1>``
+   triplets and subsample the "too easy" ones: those a filter model (the policy at the
+   start, by default; ``sampling_predictor`` here) already predicts in all K samples
+   (kept with p = 0.1).
 2. GRPO (``train``), per step, top to bottom: a batch of triplets; ``group_size`` sampled
    predictions per triplet; the sim-to-real reward of each (default: RWML's binary
    ``1[1 - cos(E(pred), E(true)) < tau]``); group-normalised advantages on the
@@ -13,7 +14,8 @@ RWML (Reinforcement World Model Learning) in three parts, each a function here:
    evaluate, checkpoint.
 3. Evaluation (``prediction_accuracy``): greedy next-state prediction on held-out
    triplets from the evaluation seeds: exact match, per-cell accuracy, embedding-reward
-   rate. ``run`` does all three and compares the accuracy before and after training.
+   rate, and the share of copies. ``run`` does all three and compares the accuracy
+   before and after training.
 
 Paper settings (DESIGN.md): group size 8, lr 1e-6, keep easy triplets with p = 0.1. The
 seed document gives no batch size, step count or clip values; ours are the PPO stage's
@@ -30,7 +32,6 @@ minibatch order of a step depend only on (seed, step).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +43,6 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
-from spa.agent.seeds import eval_seeds
 from spa.eval.metrics import exact_match
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
@@ -53,9 +53,9 @@ from spa.rl.ppo import PPOConfig, local_table, resume_point, save_checkpoint, up
 from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward,
                             prediction_cell_reward, prediction_embedding_reward,
                             prediction_exact_reward, state_match)
-from spa.rl.rwml import (DEFAULT_FILTER_TAU, Triplet, embedding_distances, filter_too_easy,
-                         state_distances, triplets_from_trajectories, world_model_messages)
-from spa.worldmodel.selfplay import EXPLORATION, SelfPlayConfig, collect, random_exploration
+from spa.rl.rwml import (Triplet, collect_triplets, eval_triplets, fingerprint, load_triplets, prompt_ids,
+                         save_triplets)
+from spa.worldmodel.selfplay import EXPLORATION
 
 #: Generation stops once the prediction block is closed: nothing after it is scored.
 STOP = "</prediction>"
@@ -159,12 +159,6 @@ class RWMLConfig:
 # ---------------------------------------------------------------------------- prompts, data
 
 
-def prompt_ids(tokenizer, triplet: Triplet) -> list[int]:
-    """The chat-templated world-model prompt of ``triplet`` (``world_model_messages``)."""
-    ids = tokenizer.apply_chat_template(world_model_messages(triplet), add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def sampling_predictor(engine, tokenizer, max_new_tokens: int, temperature: float = 1.0, seed: int = 0):
     """``predict(triplets, k)`` for ``filter_too_easy``: k sampled predictions per triplet
     (extracted with ``extract_prediction``; ``None`` where the block is missing)."""
@@ -175,92 +169,6 @@ def sampling_predictor(engine, tokenizer, max_new_tokens: int, temperature: floa
         predictions = [extract_prediction(g.text) for g in generations]
         return [predictions[i * k:(i + 1) * k] for i in range(len(triplets))]
     return predict
-
-
-def _key(triplet: Triplet) -> str:
-    """What makes two triplets the same example: their prompt and their target."""
-    return json.dumps([triplet.env, triplet.env_config, triplet.history, triplet.turn, triplet.state_before,
-                       triplet.actions, triplet.next_state], sort_keys=True)
-
-
-def dedupe(triplets: list[Triplet]) -> list[Triplet]:
-    """The first of every set of identical triplets (same prompt, same next state), in order."""
-    seen: set[str] = set()
-    out = []
-    for t in triplets:
-        if _key(t) not in seen:
-            seen.add(_key(t))
-            out.append(t)
-    return out
-
-
-def collect_triplets(env: str, env_config: dict, config: RWMLConfig, engine=None, tokenizer=None,
-                     predict=None, embedder=None, on_turn=None) -> tuple[list[Triplet], dict]:
-    """Play the training seeds, extract triplets, dedupe and filter them; returns (triplets, stats).
-
-    ``engine``/``tokenizer`` play for ``self_play``; ``predict`` (``sampling_predictor``)
-    is the filter model, needed when ``config.filter``; ``embedder`` when the filter
-    distance is ``embedding``.
-    """
-    selfplay = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.episodes,
-                              samples=config.samples, seed_start=config.seed_start, max_turns=config.max_turns,
-                              max_actions_per_turn=config.max_actions_per_turn,
-                              max_new_tokens=config.rollout_max_new_tokens, exploration=config.exploration,
-                              seed=config.seed)
-    if config.exploration == "self_play" and engine is None:
-        raise ValueError("exploration 'self_play' needs an engine and a tokenizer; or use exploration 'random'")
-    trajectories = collect(engine, tokenizer, selfplay, on_turn=on_turn)
-    turns = sum(len(t.turns) for t in trajectories)
-    triplets = triplets_from_trajectories(trajectories, config.history_turns, config.require_format)
-    extracted = len(triplets)
-    if config.dedupe:
-        triplets = dedupe(triplets)
-    stats = {"episodes": len(trajectories), "turns": turns, "extracted": extracted,
-             "duplicates": extracted - len(triplets), "exploration": config.exploration,
-             "success_rate": sum(t.success for t in trajectories) / max(len(trajectories), 1)}
-    if config.filter and triplets:
-        if predict is None:
-            raise ValueError("the too-easy filter needs a predictor (sampling_predictor); or set filter=false")
-        if config.filter_distance == "embedding":
-            if embedder is None:
-                raise ValueError("filter_distance 'embedding' needs an embedder")
-            distance, tau = embedding_distances(embedder), config.filter_tau or config.tau
-        else:
-            distance, tau = state_distances, config.filter_tau or DEFAULT_FILTER_TAU
-        triplets, filtered = filter_too_easy(triplets, predict, k=config.filter_k, tau=tau,
-                                             keep_prob=config.filter_keep_prob, distance=distance, rng=config.seed)
-        stats["filter"] = {**filtered, "tau": tau, "distance": config.filter_distance}
-    stats["triplets"] = len(triplets)
-    return triplets, stats
-
-
-def eval_triplets(env: str, env_config: dict, config: RWMLConfig) -> list[Triplet]:
-    """Held-out triplets: one random-exploration episode per evaluation seed.
-
-    Random actions make the set independent of the model, so the accuracy before and
-    after training is measured on the same transitions; the seeds never overlap training.
-    """
-    if config.eval_seeds == 0:
-        return []
-    explore = SelfPlayConfig(env=env, env_config=dict(env_config), episodes=config.eval_seeds, samples=1,
-                             max_turns=config.max_turns, max_actions_per_turn=config.max_actions_per_turn,
-                             exploration="random", seed=config.seed)
-    trajectories = random_exploration(explore, eval_seeds(config.eval_seeds))
-    return triplets_from_trajectories(trajectories, config.history_turns, require_format=False)
-
-
-def save_triplets(path: str | Path, triplets: list[Triplet]) -> Path:
-    return write_jsonl(path, [t.to_json() for t in triplets])
-
-
-def load_triplets(path: str | Path) -> list[Triplet]:
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [Triplet.from_json(json.loads(line)) for line in lines if line.strip()]
-
-
-def fingerprint(triplets: list[Triplet]) -> str:
-    """A short hash of the training data: a resumed run must train on the same triplets."""
-    return hashlib.sha256("\n".join(_key(t) for t in triplets).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------- evaluation
