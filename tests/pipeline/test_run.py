@@ -160,7 +160,7 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
     folder = tmp_path / "rwml"
     overrides = ["rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false",
                  "rwml.steps=1", "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8",
-                 "rwml.eval_seeds=2", "rwml.reward=cell", "rwml.bf16=false", "rwml.tensorboard=false"]
+                 "rwml.eval_seeds=2", "rwml.reward=change", "rwml.bf16=false", "rwml.tensorboard=false"]
     Run(load_recipe(CONFIGS / "sokoban-rwml+ppo.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())

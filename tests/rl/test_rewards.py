@@ -1,4 +1,4 @@
-"""World-model rewards (RWML, exact, cell) and the VAGEN-style turn reward, on hand cases."""
+"""World-model rewards (RWML, exact, cell, change) and the VAGEN-style turn reward, on hand cases."""
 
 from types import SimpleNamespace
 
@@ -12,6 +12,7 @@ from spa.rl.rewards import (
     extract_prediction,
     get_reward,
     prediction_cell_reward,
+    prediction_change_reward,
     prediction_embedding_reward,
     prediction_exact_reward,
     split_state,
@@ -116,6 +117,23 @@ def test_cell_reward():
     assert rewards[5] == pytest.approx(15 / 36)  # walls erased: only the 15 inner cells match
 
 
+def test_change_reward_does_not_pay_the_copy():
+    # MOVED -> STATE: the player steps right, two cells of row 1 change.
+    wrong_way = MOVED.replace("#__P_#", "#_P__#")  # the player stepped left instead
+    completions = [wm(STATE), wm(MOVED), wm(STATE.replace("#___P#", "#____#")), wm(wrong_way), "unparsable"]
+    rewards = prediction_change_reward(completions, targets=[STATE] * 5, befores=[MOVED] * 5)
+    assert rewards[0] == 1.0
+    assert rewards[1] == 0.5  # the copy: every kept cell right, both changed cells wrong
+    assert rewards[2] == pytest.approx((1 / 2 + 1) / 2)  # left the old cell, never arrived
+    assert rewards[3] == pytest.approx((1 / 2 + 33 / 34) / 2)
+    assert rewards[4] == 0.0
+    # The cell reward pays the copy 34/36; with nothing changed, copying is the right answer.
+    assert prediction_cell_reward([wm(MOVED)], targets=[STATE]) == [pytest.approx(34 / 36)]
+    assert prediction_change_reward([wm(STATE)], targets=[STATE], befores=[STATE]) == [1.0]
+    with pytest.raises(ValueError, match="1 completions but 2 befores"):
+        prediction_change_reward([wm(STATE)], targets=[STATE], befores=[STATE, STATE])
+
+
 def test_embedding_reward_threshold_and_unparsable():
     embedder = TableEmbedder({STATE: [1.0, 0.0], "near": [1.0, 0.05], "far": [0.0, 1.0]})
     completions = [wm(STATE), wm("near"), wm("far"), "unparsable"]
@@ -141,9 +159,9 @@ def test_rewards_check_lengths_and_tau():
 
 
 def test_registry():
-    assert set(WORLD_MODEL_REWARDS) == {"embedding", "exact", "cell"}
+    assert set(WORLD_MODEL_REWARDS) == {"embedding", "exact", "cell", "change"}
     assert get_reward("exact") is prediction_exact_reward
-    with pytest.raises(ValueError, match="reward 'rouge'; valid names: embedding, exact, cell"):
+    with pytest.raises(ValueError, match="reward 'rouge'; valid names: embedding, exact, cell, change"):
         get_reward("rouge")
 
 

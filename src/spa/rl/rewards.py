@@ -3,7 +3,9 @@
 * RWML (Yu et al., 2026, seed 003): the policy predicts the next state inside
   ``<prediction>..</prediction>`` and earns the binary sim-to-real reward
   ``1[1 - cos(E(pred), E(true)) < tau]`` (``prediction_embedding_reward``), with two
-  deterministic alternatives for grids: exact match and per-cell accuracy.
+  deterministic alternatives for grids: exact match and per-cell accuracy, and one of
+  ours, per-cell accuracy balanced between changed and unchanged cells, which does not
+  pay a copy of the state before the actions.
 * VAGEN-style online world modelling: a per-turn shaping reward for the
   ``<observation>`` and ``<prediction>`` spans plus a format reward
   (``vagen_turn_reward``). VAGEN asks an LLM judge whether a state is right; we use the
@@ -117,11 +119,11 @@ def state_distance(pred_text: str | None, true_text: str) -> float:
     return 1.0 - state_match(pred_text, true_text)
 
 
-def _check_lengths(completions, targets) -> None:
-    if len(completions) != len(targets):
+def _check_lengths(completions, states, name: str = "targets") -> None:
+    if len(completions) != len(states):
         raise ValueError(
-            f"got {len(completions)} completions but {len(targets)} targets; "
-            "give one target state per completion"
+            f"got {len(completions)} completions but {len(states)} {name}; "
+            f"give one state per completion in {name}"
         )
 
 
@@ -151,6 +153,37 @@ def prediction_cell_reward(completions, *, targets, **_) -> list[float]:
     for completion, target in zip(completions, targets):
         prediction = extract_prediction(completion)
         out.append(cell_accuracy(prediction, split_state(target)[0]) if prediction else 0.0)
+    return out
+
+
+def prediction_change_reward(completions, *, targets, befores, **_) -> list[float]:
+    """Per-cell accuracy balanced between the cells the actions change and those they keep.
+
+    The mean of the prediction's accuracy on the target grid's cells that differ from the
+    state before the actions (``befores``) and its accuracy on the cells that do not; with
+    nothing changed, just the latter. A copy of the state before therefore scores 0.5 on
+    any transition that changes something (``cell`` pays it 1 - changed/total, close to
+    1), and only the true next state scores 1. Not in the RWML paper: a grid reward that
+    does not pay the copy shortcut. 0 without a prediction.
+    """
+    _check_lengths(completions, targets)
+    _check_lengths(completions, befores, "befores")
+    out = []
+    for completion, target, before in zip(completions, targets, befores):
+        prediction = extract_prediction(completion)
+        if not prediction:
+            out.append(0.0)
+            continue
+        truth, old = grid_cells(split_state(target)[0]), grid_cells(split_state(before)[0])
+        predicted = grid_cells(prediction)
+        changed, kept = [], []
+        for i, row in enumerate(truth):
+            for j, cell in enumerate(row):
+                hit = i < len(predicted) and j < len(predicted[i]) and predicted[i][j] == cell
+                same = i < len(old) and j < len(old[i]) and old[i][j] == cell
+                (kept if same else changed).append(hit)
+        parts = [sum(group) / len(group) for group in (changed, kept) if group]
+        out.append(sum(parts) / len(parts) if parts else 0.0)
     return out
 
 
@@ -194,6 +227,7 @@ WORLD_MODEL_REWARDS: dict[str, Callable[..., list[float]]] = {
     "embedding": prediction_embedding_reward,
     "exact": prediction_exact_reward,
     "cell": prediction_cell_reward,
+    "change": prediction_change_reward,
 }
 
 

@@ -93,7 +93,7 @@ class RWMLConfig:
     steps: int = 100  # not in the seed document; ~one pass over the default data at batch 32
     batch_size: int = 32  # triplets per step (each a group of group_size predictions)
     group_size: int = 8  # predictions per triplet (paper: 8)
-    reward: str = "embedding"  # embedding (paper) | exact | cell
+    reward: str = "embedding"  # embedding (paper) | exact | cell | change (copies score 0.5)
     tau: float = EMBEDDING_TAU  # threshold of the embedding reward, see spa.rl.rewards
     binary: bool = True  # embedding reward: 1[d < tau] (paper); False: the cosine (ablation)
     embedding_model: str = "all-minilm-l6-v2"  # E of the reward: the packaged model or a folder
@@ -284,10 +284,14 @@ def update_policy(policy, optimizer, samples: list[Sample], actor: PPOConfig, pa
                         autocast, rng)
 
 
-def score(completions: list[str], targets: list[str], config: RWMLConfig, embedder=None) -> list[float]:
-    """The configured reward of every completion (``spa.rl.rewards``)."""
-    return get_reward(config.reward)(completions, targets=targets, embedder=embedder, tau=config.tau,
-                                     binary=config.binary)
+def score(completions: list[str], batch: list[Triplet], group_size: int, config: RWMLConfig,
+          embedder=None) -> list[float]:
+    """The configured reward (``spa.rl.rewards``) of every completion; completion ``i``
+    predicts triplet ``batch[i // group_size]``."""
+    targets = [t.next_state for t in batch for _ in range(group_size)]
+    befores = [t.state_before for t in batch for _ in range(group_size)]
+    return get_reward(config.reward)(completions, targets=targets, befores=befores, embedder=embedder,
+                                     tau=config.tau, binary=config.binary)
 
 
 def load_embedder(config: RWMLConfig, required: bool):
@@ -363,7 +367,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
             # 3. Score them against the true next states.
             texts = [g.text for g in generations]
             targets = [t.next_state for t in batch for _ in range(G)]
-            rewards = score(texts, targets, config, embedder)
+            rewards = score(texts, batch, G, config, embedder)
             # 4. Group-normalised advantages on the completion tokens.
             samples = grpo_samples(prompts, generations, rewards, G, normalize_std=config.advantage == "grpo",
                                    skip_flat=config.skip_flat_groups)
