@@ -13,7 +13,8 @@ from spa.rl.batch import Sample, collate, policy_forward
 from spa.rl.logger import read_metrics
 from spa.rl.ppo import resume_point
 from spa.rl.rwml import Triplet, collect_triplets, load_triplets, prompt_ids
-from spa.rl.rwml_train import RWMLConfig, batch_indices, grpo_samples, prediction_accuracy, sampling_predictor, train
+from spa.rl.rwml_train import (RWMLConfig, batch_indices, grpo_samples, is_copy, prediction_accuracy,
+                               sampling_predictor, train)
 from tests.scripted import ScriptedEngine
 
 BEFORE = "#####\n#P_O#\n#####\nPlayer at (1,1); Target at (1,3)."
@@ -143,6 +144,11 @@ def test_prediction_accuracy_on_hand_cases(tiny, tmp_path):
     copier = prediction_accuracy(model, tokenizer, wall, engine=ScriptedEngine(tokenizer, [[copy_[0]] * 2]))
     assert (copier["exact"], copier["copied"], copier["changed"], copier["changed_exact"]) == (0.5, 1.0, 1, 0.0)
     assert (right["changed"], right["changed_exact"]) == (2, 1.0)
+    # A copy with the actions tacked on in a second block is still a copy.
+    tacked = [f"<prediction>{BEFORE}<prediction>Right</prediction>"] * 2
+    assert prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [tacked]))["copied"] == 1.0
+    assert is_copy(BEFORE.replace("Player at (1,1)", "Player at (9,9)"), BEFORE)  # grids decide
+    assert not is_copy(AFTER, BEFORE) and not is_copy("", BEFORE)
     with pytest.raises(ValueError, match="at least one triplet"):
         prediction_accuracy(model, tokenizer, [])
 

@@ -43,16 +43,15 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
-from spa.eval.metrics import exact_match
+from spa.eval.metrics import exact_match, grid_cells
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.rl import core
 from spa.rl.batch import Sample
 from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import PPOConfig, local_table, resume_point, save_checkpoint, update_actor
-from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward,
-                            prediction_cell_reward, prediction_embedding_reward,
-                            prediction_exact_reward, state_match)
+from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward, prediction_cell_reward,
+                            prediction_embedding_reward, prediction_exact_reward, split_state, state_match)
 from spa.rl.rwml import (Triplet, collect_triplets, eval_triplets, fingerprint, load_triplets, prompt_ids,
                          save_triplets)
 from spa.worldmodel.selfplay import EXPLORATION
@@ -174,6 +173,16 @@ def sampling_predictor(engine, tokenizer, max_new_tokens: int, temperature: floa
 # ---------------------------------------------------------------------------- evaluation
 
 
+def is_copy(prediction: str, state_before: str) -> bool:
+    """Whether ``prediction``'s grid is the grid before the actions, cell for cell.
+
+    Grids only: a copy followed by other text (a second ``<prediction>`` holding the
+    actions, say) is still a copy, and the coordinate lines add nothing the grid lacks.
+    """
+    grid = grid_cells(split_state(state_before)[0])
+    return grid_cells(split_state(prediction)[0])[: len(grid)] == grid
+
+
 def _mean(values) -> float:
     values = list(values)
     return float(np.mean(values)) if values else 0.0
@@ -188,8 +197,8 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     against the true next state: ``exact`` (``prediction_exact_reward``), ``cell`` (per-cell
     accuracy of the grid), ``state_match`` (grid + coordinates, ``spa.rl.rewards``),
     ``embedding`` (rate of RWML's reward 1, only with an ``embedder``), ``found`` (share
-    with a prediction block), ``copied`` (share that repeat the state before the
-    actions: the trivial wrong answer) and ``changed_exact`` (``exact`` over the triplets
+    with a prediction block), ``copied`` (share whose grid repeats the grid before the
+    actions, ``is_copy``: the trivial wrong answer) and ``changed_exact`` (``exact`` over the triplets
     whose actions change the state, ``changed`` of them: there a copy scores 0, so this
     is the rate of transitions actually predicted). ``records``: a JSONL file of every
     prediction.
@@ -207,7 +216,7 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     exact = prediction_exact_reward(texts, targets=targets)
     cell = prediction_cell_reward(texts, targets=targets)
     match = [state_match(p, target) for p, target in zip(predictions, targets)]
-    copied = [p is not None and exact_match(p, t.state_before) for p, t in zip(predictions, triplets)]
+    copied = [p is not None and is_copy(p, t.state_before) for p, t in zip(predictions, triplets)]
     changed = [i for i, t in enumerate(triplets) if not exact_match(t.next_state, t.state_before)]
     metrics = {"triplets": len(triplets), "exact": _mean(exact), "cell": _mean(cell), "state_match": _mean(match),
                "found": _mean(p is not None for p in predictions), "copied": _mean(copied),
