@@ -155,7 +155,7 @@ class RWMLConfig:
                          max_grad_norm=self.max_grad_norm, bf16=self.bf16, tensorboard=False, seed=self.seed)
 
 
-# ---------------------------------------------------------------------------- prompts, data
+# ---------------------------------------------------------------------------- the filter model
 
 
 def sampling_predictor(engine, tokenizer, max_new_tokens: int, temperature: float = 1.0, seed: int = 0):
