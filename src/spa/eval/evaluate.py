@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
@@ -21,6 +20,7 @@ from spa.agent.seeds import eval_seeds
 from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
 from spa.models.engine import Engine, SamplingParams
+from spa.progress import Bar
 
 
 @dataclass
@@ -51,8 +51,7 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
                                    format_penalty=config.format_penalty)
     start = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} turns"),
-                  TimeElapsedColumn(), disable=not progress, transient=True) as bar:
+    with Bar(disable=not progress, transient=True) as bar:
         task = bar.add_task(f"eval {config.env}", total=config.prompt.max_turns)
 
         def on_turn(turn: int, active: int) -> None:

@@ -36,7 +36,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
@@ -44,6 +43,7 @@ from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
 from spa.io import atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
+from spa.progress import Bar
 from spa.rl import core
 from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, pad_responses,
                           policy_forward, turn_samples)
@@ -361,8 +361,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:
         logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0))))
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress or not main) as bar:
+    with Bar(disable=not progress or not main) as bar:
         task = bar.add_task(f"{config.algorithm} {rollout_config.env}", total=config.steps, completed=start,
                             info="")
         for step in range(start, config.steps):

@@ -40,12 +40,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
 from spa.eval.metrics import exact_match, grid_cells
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
+from spa.progress import Bar
 from spa.rl import core
 from spa.rl.batch import Sample
 from spa.rl.logger import MetricsLogger
@@ -360,8 +360,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     history = []
     if evaluate_fn is not None and start == 0:
         logger.log(0, _eval_entries(evaluate_fn(policy, 0)))
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress) as bar:
+    with Bar(disable=not progress) as bar:
         task = bar.add_task("rwml", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
             began = time.perf_counter()

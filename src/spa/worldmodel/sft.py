@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spa import distributed
 from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.models.shared_prefix import hidden_states
+from spa.progress import Bar
 from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
 
 
@@ -274,9 +274,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     if config.grad_accum % processes:
         warnings.warn(f"grad_accum={config.grad_accum} is not a multiple of the {processes} processes: "
                       "some of them idle during each step", stacklevel=2)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                  disable=not progress or not distributed.is_main()) as bar:
+    with Bar(disable=not progress or not distributed.is_main()) as bar:
         for epoch in range(start_epoch, config.epochs):
             # The order depends only on (seed, epoch): a resumed run sees what it would
             # have, and every process sees the same list.

@@ -1,0 +1,46 @@
+"""The progress bar of every long loop (evaluation, SFT, PPO, RWML).
+
+rich draws its bar only on a terminal; written to a log file (``nohup spa run ... >
+log``) it shows nothing until the loop ends, and an hour-long stage looks hung. So when
+the console is not a terminal, ``Bar`` also prints the task as a plain line, at most
+every ``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+#: Seconds between two plain progress lines in a log.
+LOG_INTERVAL = 60.0
+
+
+class Bar(Progress):
+    """rich's ``Progress`` with the project's columns: description, bar, done/total, an
+    ``info`` field (loss, reward...) and the elapsed time; plain lines when not on a terminal."""
+
+    def __init__(self, *, disable: bool = False, transient: bool = False, interval: float = LOG_INTERVAL,
+                 console: Console | None = None):
+        super().__init__(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=disable,
+                         transient=transient, console=console)
+        self._plain = not disable and not self.console.is_terminal
+        self._interval = interval
+        self._printed: dict[TaskID, float] = {}
+
+    def add_task(self, description: str, **kwargs) -> TaskID:
+        kwargs.setdefault("info", "")
+        return super().add_task(description, **kwargs)
+
+    def update(self, task_id: TaskID, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        now = time.monotonic()
+        if self._plain and now - self._printed.get(task_id, -float("inf")) >= self._interval:
+            self._printed[task_id] = now
+            task = next(t for t in self.tasks if t.id == task_id)
+            minutes, seconds = divmod(int(task.elapsed or 0), 60)
+            info = f"  {task.fields['info']}" if task.fields.get("info") else ""
+            self.console.print(f"{task.description}: {task.completed:g}/{task.total:g}{info} "
+                               f"({minutes}:{seconds:02d} elapsed)", highlight=False, soft_wrap=True)
