@@ -18,6 +18,10 @@ Baselines with a world model of their own:
 * ``vagen``: PPO in ``world_model`` mode whose turn rewards add a format reward and the
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE.
+
+With ``selfplay.bootstrap_episodes > 0`` (the ``quick`` preset), spa, rwml and vagen
+first fine-tune on random-exploration turns so that the model can write the format;
+vanilla and state_estimation start from the base model, as in the paper.
 """
 
 from __future__ import annotations
