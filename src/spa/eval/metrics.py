@@ -43,23 +43,28 @@ def grid_cells(grid: str) -> list[list[str]]:
     return [_cells(row, spaced) for row in rows]
 
 
+def aligned_cells(predicted: str, true_grid: str) -> list[list[str]]:
+    """The predicted grid, read as the true grid is written: the prediction's first rows
+    (at most as many as the true grid has), split into characters, or into
+    whitespace-separated tokens when the true grid is written that way (Sudoku)."""
+    truth_rows = _lines(true_grid)
+    spaced = bool(truth_rows) and " " in truth_rows[0]
+    return [_cells(row, spaced) for row in _lines(predicted)[: len(truth_rows)]]
+
+
 def cell_accuracy(predicted: str, true_grid: str) -> float:
     """Fraction of the true grid's cells that the predicted text reproduces in place.
 
-    The predicted grid is the first rows of the prediction (as many as the true grid
-    has); a missing row or cell counts as wrong, extra ones are ignored. Cells are
-    characters, or whitespace-separated tokens when the true grid is written that way
-    (Sudoku).
+    The predicted grid is ``aligned_cells``; a missing row or cell counts as wrong, extra
+    ones are ignored.
     """
-    truth_rows = _lines(true_grid)
-    if not truth_rows:
+    truth = grid_cells(true_grid)
+    if not truth:
         return 0.0
-    spaced = " " in truth_rows[0]
-    pred_rows = _lines(predicted)[: len(truth_rows)]
+    pred = aligned_cells(predicted, true_grid)
     total = correct = 0
-    for i, row in enumerate(truth_rows):
-        truth_cells = _cells(row, spaced)
-        pred_cells = _cells(pred_rows[i], spaced) if i < len(pred_rows) else []
+    for i, truth_cells in enumerate(truth):
+        pred_cells = pred[i] if i < len(pred) else []
         total += len(truth_cells)
         correct += sum(p == t for p, t in zip(pred_cells, truth_cells))
     return correct / total

@@ -123,7 +123,7 @@ def write_report(folder: str | Path) -> Path:
         before, after = summary.get("before") or {}, summary.get("after") or {}
         keys = [k for k in ("exact", "changed_exact", "cell", "embedding", "copied") if k in before]
         glosses = {"changed_exact": "exact on the transitions that change the state",
-                   "copied": "predictions that repeat the state before the actions"}
+                   "copied": "predictions whose grid repeats the grid before the actions"}
         gloss = "; ".join(f"{k}: {glosses[k]}" for k in keys if k in glosses)
         lines.append("- RWML next-state prediction on held-out transitions (before -> after): "
                      + ", ".join(f"{k} {_pct(before.get(k))}% -> {_pct(after.get(k))}%" for k in keys)

@@ -21,7 +21,7 @@ import re
 from typing import Callable
 
 from spa.agent.parsing import parse_response
-from spa.eval.metrics import cell_accuracy, exact_match, grid_cells
+from spa.eval.metrics import aligned_cells, cell_accuracy, exact_match, grid_cells
 
 #: RWML's threshold on the cosine distance. The paper's value is not in the seed
 #: document, so it is calibrated for all-MiniLM-L6-v2 on our grid states, where the
@@ -174,8 +174,9 @@ def prediction_change_reward(completions, *, targets, befores, **_) -> list[floa
         if not prediction:
             out.append(0.0)
             continue
-        truth, old = grid_cells(split_state(target)[0]), grid_cells(split_state(before)[0])
-        predicted = grid_cells(prediction)
+        true_grid = split_state(target)[0]
+        truth, old = grid_cells(true_grid), grid_cells(split_state(before)[0])
+        predicted = aligned_cells(prediction, true_grid)
         changed, kept = [], []
         for i, row in enumerate(truth):
             for j, cell in enumerate(row):

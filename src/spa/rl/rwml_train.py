@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from spa import distributed
-from spa.eval.metrics import exact_match, grid_cells
+from spa.eval.metrics import aligned_cells, exact_match, grid_cells
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.progress import Bar
@@ -179,8 +179,8 @@ def is_copy(prediction: str, state_before: str) -> bool:
     Grids only: a copy followed by other text (a second ``<prediction>`` holding the
     actions, say) is still a copy, and the coordinate lines add nothing the grid lacks.
     """
-    grid = grid_cells(split_state(state_before)[0])
-    return grid_cells(split_state(prediction)[0])[: len(grid)] == grid
+    grid = split_state(state_before)[0]
+    return aligned_cells(split_state(prediction)[0], grid) == grid_cells(grid)
 
 
 def _mean(values) -> float:
@@ -293,12 +293,10 @@ def update_policy(policy, optimizer, samples: list[Sample], actor: PPOConfig, pa
                         autocast, rng)
 
 
-def score(completions: list[str], batch: list[Triplet], group_size: int, config: RWMLConfig,
+def score(completions: list[str], targets: list[str], befores: list[str], config: RWMLConfig,
           embedder=None) -> list[float]:
-    """The configured reward (``spa.rl.rewards``) of every completion; completion ``i``
-    predicts triplet ``batch[i // group_size]``."""
-    targets = [t.next_state for t in batch for _ in range(group_size)]
-    befores = [t.state_before for t in batch for _ in range(group_size)]
+    """The configured reward (``spa.rl.rewards``) of every completion, given its true next
+    state and the state before its actions."""
     return get_reward(config.reward)(completions, targets=targets, befores=befores, embedder=embedder,
                                      tau=config.tau, binary=config.binary)
 
@@ -375,7 +373,8 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
             # 3. Score them against the true next states.
             texts = [g.text for g in generations]
             targets = [t.next_state for t in batch for _ in range(G)]
-            rewards = score(texts, batch, G, config, embedder)
+            befores = [t.state_before for t in batch for _ in range(G)]
+            rewards = score(texts, targets, befores, config, embedder)
             # 4. Group-normalised advantages on the completion tokens.
             samples = grpo_samples(prompts, generations, rewards, G, normalize_std=config.advantage == "grpo",
                                    skip_flat=config.skip_flat_groups)
