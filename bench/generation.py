@@ -13,6 +13,13 @@ warm-up call, not timed; with ``--repeats`` the two alternate and medians are re
     python bench/generation.py                      # SmolLM2-135M bf16, batch 64, 128 tokens
     python bench/generation.py --skip-hf            # the engine only
     python bench/generation.py --model tiny --dtype fp32 --new-tokens 16   # smoke run
+    python bench/generation.py --skip-hf --profile  # and where the engine's time goes
+
+``--profile`` runs the engine once more under ``torch.profiler`` and adds a breakdown:
+seconds in prefill, decode steps, sampling and the rest (host bookkeeping: stop
+strings, compaction), and seconds per kind of operator (linear layers, attention
+matmuls, softmax, everything else). Profiling adds a few microseconds per operator, so
+read the shares, not the absolute figures.
 
 The machine may be shared: compare the two figures of one run, not figures of runs at
 different times. Constructing the engine tunes glibc's malloc for the whole process
@@ -122,6 +129,42 @@ def run_engine(engine: Engine, prompts, new_tokens: int, seed: int) -> float:
     return seconds
 
 
+# operator name -> kind, for the profile breakdown (self time of the leaf operators)
+OP_KINDS = {
+    "mkldnn::_linear_pointwise": "linear",
+    "aten::addmm": "linear",
+    "aten::mm": "linear",
+    "aten::bmm": "attention_matmul",
+    "aten::_softmax": "softmax",
+    "aten::_log_softmax": "softmax",
+}
+PHASES = ("spa.prefill", "spa.step", "spa.sample")
+
+
+def profile_engine(engine: Engine, prompts, new_tokens: int, seed: int) -> dict:
+    """One engine run under ``torch.profiler``: seconds per phase and per operator kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        seconds = run_engine(engine, prompts, new_tokens, seed)
+    phases = dict.fromkeys(PHASES, 0.0)
+    for event in prof.events():
+        if event.name in phases:
+            phases[event.name] += event.cpu_time_total / 1e6
+    kinds: dict[str, float] = {}
+    for op in prof.key_averages():
+        if op.key in PHASES:
+            continue
+        kind = OP_KINDS.get(op.key, "other_ops")
+        kinds[kind] = kinds.get(kind, 0.0) + op.self_cpu_time_total / 1e6
+    phases["host_other"] = seconds - sum(phases.values())
+    return {
+        "seconds": round(seconds, 3),
+        "phases_s": {k.removeprefix("spa."): round(v, 3) for k, v in phases.items()},
+        "ops_s": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+    }
+
+
 def summary(seconds: list[float], generated: int) -> dict:
     """Median time and throughput over the repeats, plus every run's time."""
     median = statistics.median(seconds)
@@ -142,6 +185,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (medians)")
     parser.add_argument("--skip-hf", action="store_true", help="time the engine only")
+    parser.add_argument(
+        "--profile", action="store_true", help="add where the engine's time goes (one more run)"
+    )
     args = parser.parse_args()
 
     if args.threads:
@@ -187,6 +233,8 @@ def main() -> None:
             "attn_implementation": model.config._attn_implementation
         }
         result["speedup"] = round(statistics.median(hf_s) / statistics.median(engine_s), 2)
+    if args.profile:
+        result["engine_profile"] = profile_engine(engine, prompts, args.new_tokens, args.seed)
     print(json.dumps(result, indent=2))
 
 

@@ -18,7 +18,9 @@ Both read the model's current weights on every call (training updates them in pl
 between calls): nothing derived from the weights is kept across ``generate()`` calls.
 
 Sampling, stop strings, end-of-sequence and batch compaction are handled here, the same
-way for both backends.
+way for both backends. Prefill, decode steps and sampling run under profiler labels
+(``spa.prefill``, ``spa.step``, ``spa.sample``) so ``torch.profiler`` can split the
+time; ``bench/generation.py --profile`` does.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
 
@@ -144,11 +147,13 @@ class Engine:
         texts: list[str | None] = [None] * n
         rows = list(range(n))  # prompt index of each row of the session's batch
         alive = [True] * n  # per session row: still generating
-        logits = session.prefill()
+        with record_function("spa.prefill"):
+            logits = session.prefill()
         for step in range(params.max_new_tokens):
-            next_tokens, next_logprobs = sample_next(
-                logits, params.temperature, params.top_p, generator
-            )
+            with record_function("spa.sample"):
+                next_tokens, next_logprobs = sample_next(
+                    logits, params.temperature, params.top_p, generator
+                )
             tok_list, lp_list = next_tokens.tolist(), next_logprobs.tolist()
             last_step = step + 1 == params.max_new_tokens
             check = []  # prompt indices whose text may now contain a stop string
@@ -180,7 +185,8 @@ class Engine:
                 next_tokens = next_tokens.index_select(0, index)
                 rows = [rows[j] for j in keep]
                 alive = [True] * len(rows)
-            logits = session.step(next_tokens)
+            with record_function("spa.step"):
+                logits = session.step(next_tokens)
         out = []
         for i in range(n):
             text = texts[i]
