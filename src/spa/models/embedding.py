@@ -98,6 +98,8 @@ class SentenceEmbedder:
     def __init__(self, path: str | None = None, device: str = "cpu", batch_size: int = 64) -> None:
         from transformers import AutoModel, AutoTokenizer  # heavy import, only when used
 
+        from spa.models.loading import quiet_loading
+
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be at least 1")
         self.path = embedding_model_path(path)
@@ -105,7 +107,8 @@ class SentenceEmbedder:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        model = AutoModel.from_pretrained(self.path, dtype=torch.float32)
+        with quiet_loading():
+            model = AutoModel.from_pretrained(self.path, dtype=torch.float32)
         self.model = model.to(self.device).eval()
         self.pooling = _pooling_mode(folder)
         self.max_length = _max_length(folder, self.tokenizer)

@@ -97,14 +97,14 @@ def load_model(
     else:
         path = _hub_snapshot(name_or_path)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    with _quiet_unless_terminal():
+    with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(resolve_device(device)).eval(), tokenizer
 
 
 @contextlib.contextmanager
-def _quiet_unless_terminal():
+def quiet_loading():
     """No per-tensor "Loading weights" bar when stderr is a file (a run's log).
 
     Loading takes about a second; in a log the bar is a few hundred characters of noise
