@@ -3,11 +3,15 @@
 rich draws its bar only on a terminal; written to a log file (``nohup spa run ... >
 log``) it shows nothing until the loop ends, and an hour-long stage looks hung. So when
 the console is not a terminal, ``Bar`` also prints the task as a plain line, at most
-every ``interval`` seconds.
+every ``interval`` seconds. transformers' own bars (loading and saving weights, a
+second each) are the opposite case: noise in a log, so ``quiet_hf_bars`` turns them off
+there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 
 from rich.console import Console
@@ -44,3 +48,19 @@ class Bar(Progress):
             info = f"  {task.fields['info']}" if task.fields.get("info") else ""
             self.console.print(f"{task.description}: {task.completed:g}/{task.total:g}{info} "
                                f"({minutes}:{seconds:02d} elapsed)", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def quiet_hf_bars():
+    """transformers' progress bars ("Loading weights", "Writing model shards") off while
+    stderr is not a terminal (a run's log); on a terminal they stay. Restored on exit."""
+    from transformers.utils import logging as hf_logging  # heavy import, only when used
+
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()

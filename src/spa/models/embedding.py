@@ -98,7 +98,7 @@ class SentenceEmbedder:
     def __init__(self, path: str | None = None, device: str = "cpu", batch_size: int = 64) -> None:
         from transformers import AutoModel, AutoTokenizer  # heavy import, only when used
 
-        from spa.models.loading import quiet_loading
+        from spa.progress import quiet_hf_bars
 
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be at least 1")
@@ -107,7 +107,7 @@ class SentenceEmbedder:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        with quiet_loading():
+        with quiet_hf_bars():
             model = AutoModel.from_pretrained(self.path, dtype=torch.float32)
         self.model = model.to(self.device).eval()
         self.pooling = _pooling_mode(folder)

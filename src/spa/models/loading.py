@@ -23,13 +23,13 @@ import json
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
+
+from spa.progress import quiet_hf_bars
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
@@ -97,27 +97,10 @@ def load_model(
     else:
         path = _hub_snapshot(name_or_path)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    with quiet_loading():
+    with quiet_hf_bars():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(resolve_device(device)).eval(), tokenizer
-
-
-@contextlib.contextmanager
-def quiet_loading():
-    """No per-tensor "Loading weights" bar when stderr is a file (a run's log).
-
-    Loading takes about a second; in a log the bar is a few hundred characters of noise
-    every time a stage loads a model. On a terminal it stays.
-    """
-    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
-        yield
-        return
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.enable_progress_bar()
 
 
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

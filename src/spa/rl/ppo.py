@@ -43,7 +43,7 @@ from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
 from spa.io import atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
-from spa.progress import Bar
+from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
 from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, pad_responses,
                           policy_forward, turn_samples)
@@ -294,7 +294,7 @@ def save_checkpoint(out: Path, step: int, policy, tokenizer, critic, actor_opt, 
                     extra: dict | None = None) -> Path:
     """``out/checkpoint``, replaced atomically: policy (HF folder), critic and optimizers,
     and ``extra`` entries in the trainer state (RWML's data fingerprint)."""
-    with atomic_dir(out / "checkpoint") as tmp:
+    with atomic_dir(out / "checkpoint") as tmp, quiet_hf_bars():
         policy.save_pretrained(tmp / "policy")
         tokenizer.save_pretrained(tmp / "policy")
         torch.save({"step": step, "actor_opt": actor_opt.state_dict(),

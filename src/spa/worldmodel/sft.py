@@ -38,7 +38,7 @@ from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.models.shared_prefix import hidden_states
-from spa.progress import Bar
+from spa.progress import Bar, quiet_hf_bars
 from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
 
 
@@ -203,7 +203,7 @@ def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, schedule
     """Write ``out/epoch-N`` atomically: weights (HF format), tokenizer, optimizer state;
     with LoRA the weights are merged and the adapters go to ``adapter/`` as well."""
     final = out / f"epoch-{epoch}"
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp, quiet_hf_bars():
         merged_copy(model).save_pretrained(tmp)  # a plain model, whatever the training used
         if is_lora(model):
             model.save_pretrained(tmp / "adapter")  # the adapters alone, to resume exactly
