@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from spa.progress import quiet_hf_bars
+
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 #: Names that mean the packaged model (compared in lower case).
@@ -97,8 +99,6 @@ class SentenceEmbedder:
 
     def __init__(self, path: str | None = None, device: str = "cpu", batch_size: int = 64) -> None:
         from transformers import AutoModel, AutoTokenizer  # heavy import, only when used
-
-        from spa.progress import quiet_hf_bars
 
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be at least 1")
