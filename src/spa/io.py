@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+
+#: Below this much free space, a failed write is reported as a full disk (torch.save
+#: says only "unexpected pos ..." when the disk fills under it).
+LOW_DISK_BYTES = 64 * 2**20
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -47,7 +53,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except (OSError, RuntimeError) as error:
+            _raise_if_disk_full(path, error)
+            raise
         old = path.with_name(f".{path.name}-old")
         if path.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -56,3 +66,13 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _raise_if_disk_full(path: Path, error: BaseException) -> None:
+    """Turn a write that failed on a full disk into an error that says so."""
+    free = shutil.disk_usage(path.parent).free  # measured before the partial write is removed
+    if getattr(error, "errno", None) == errno.ENOSPC or free < LOW_DISK_BYTES:
+        raise RuntimeError(
+            f"could not write {path}: the disk is full ({free / 2**20:.0f} MiB free); "
+            f"free some space and run the same command again to resume"
+        ) from error
