@@ -19,5 +19,6 @@ def test_generation_bench_prints_ratio_and_profile():
     assert set(profile["phases_s"]) == {"prefill", "step", "sample", "host_other"}
     assert profile["phases_s"]["step"] > 0 and profile["phases_s"]["prefill"] > 0
     assert profile["ops_s"]["linear"] > 0 and profile["ops_s"]["attention_matmul"] > 0
-    phases = sum(profile["phases_s"].values())
-    assert abs(phases - profile["seconds"]) < 0.01
+    # host_other is the run's time outside the labelled phases: a label counted twice, or
+    # nested in another, would make it negative
+    assert profile["phases_s"]["host_other"] >= -0.005
