@@ -89,7 +89,7 @@ def run(out: Path) -> dict:
     selfplay = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=1, exploration="random")
     examples, _ = build_examples(collect(None, tokenizer, selfplay), selfplay)
     sft = SFTConfig(lr=3e-3, epochs=1, batch_size=3, grad_accum=2, val_fraction=0.2, val_examples_generate=2,
-                    val_max_new_tokens=4, bf16=False)
+                    val_max_new_tokens=4, precision="fp32")
     with recorded_grad_norms() as norms:
         history = train_sft(model, tokenizer, examples, sft, out / "sft", progress=False)
     result["sft/weights"], result["sft/norms"] = flat(model), norms
@@ -100,7 +100,7 @@ def run(out: Path) -> dict:
         policy, _ = load_model("tiny", dtype="fp32")
         config = PPOConfig(algorithm=algorithm, steps=steps, groups=4, samples=2, keep_fraction=keep,
                            max_new_tokens=8, minibatch_size=4, micro_batch_size=2, ppo_epochs=2, actor_lr=1e-3,
-                           critic_lr=1e-3, tensorboard=False, bf16=False)
+                           critic_lr=1e-3, tensorboard=False, precision="fp32")
         with recorded_grad_norms() as norms:
             history = train_rl(policy, tokenizer, rollout, config, out / algorithm, progress=False,
                                engine=HashEngine(tokenizer))

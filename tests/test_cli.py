@@ -122,7 +122,7 @@ def test_sft_with_lora_writes_a_plain_checkpoint_and_its_adapters(tmp_path):
 def test_ppo_trains_logs_checkpoints_and_resumes(tmp_path):
     out = tmp_path / "rl"
     args = ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(out), "--groups", "2", "--samples", "2",
-            "--max-turns", "1", "--set", "max_new_tokens=4", "--set", "bf16=false", "--set", "tensorboard=false"]
+            "--max-turns", "1", "--set", "max_new_tokens=4", "--set", "precision=fp32", "--set", "tensorboard=false"]
     result = runner.invoke(app, args + ["--steps", "1"])
     assert result.exit_code == 0, result.output
     assert (out / "checkpoint" / "policy" / "model.safetensors").is_file()
@@ -136,3 +136,16 @@ def test_ppo_rejects_an_unknown_setting_with_a_suggestion(tmp_path):
     result = runner.invoke(app, ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(tmp_path),
                                  "--set", "actor_lrr=1e-5"], terminal_width=200)
     assert result.exit_code == 2 and "did you mean 'actor_lr'" in flat(result.output)
+
+
+def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(monkeypatch):
+    from spa import precision
+
+    monkeypatch.setattr(precision, "_announced", set())
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    result = runner.invoke(app, ["demo", "--model", "tiny", "--env", "frozenlake", "--episodes", "1", "--turns",
+                                 "1", "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("compute: fp32 (this CPU") == 1
+    result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)
+    assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)

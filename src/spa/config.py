@@ -5,6 +5,7 @@ Generic over any dataclass schema (fields with ``metadata={"help": ...}``). Pipe
 
 Decisions, each against a trap that can silently cost a training run:
 - An unknown key is an error with a difflib suggestion: a typo never falls back to a default.
+  A key a schema has renamed (its ``RENAMED_KEYS``) is an error naming the new key.
 - YAML 1.2 scalars: ``1e-6`` is a float (PyYAML's YAML 1.1 reads a string) and only true/false
   are booleans, so ``yes/no/on/off`` stay strings: a bool field given ``yes`` is an error and
   ``country: no`` stays "no".
@@ -167,7 +168,11 @@ def from_dict(cls: type[T], data: Mapping, *, path: str = "") -> T:
     if not isinstance(data, Mapping):
         raise _type_error(path or cls.__name__, cls, data)
     known = {f.name: f for f in fields(cls) if f.init}  # init=False fields cannot be set
+    renamed = getattr(cls, "RENAMED_KEYS", {})  # old key -> (new key, how to translate a value)
     for key in data:
+        if key in renamed and key not in known:
+            new, how = renamed[key]
+            raise ConfigError(f"key {_join(path, key)!r} was replaced by {_join(path, new)!r}: {how}")
         if key not in known:
             raise ConfigError(f"unknown key {_join(path, key)!r} in {cls.__name__}; valid keys: "
                               f"{', '.join(known)}{_did_you_mean(key, list(known), path)}")

@@ -20,9 +20,9 @@ from spa.rl import logger as logger_module
 TINY = """
 model: tiny
 selfplay: {episodes: 4, samples: 2, max_new_tokens: 8, bootstrap_episodes: 4, exploration: random}
-sft: {epochs: 1, batch_size: 4, val_fraction: 0.0, bf16: false}
+sft: {epochs: 1, batch_size: 4, val_fraction: 0.0, precision: fp32}
 ppo: {steps: 2, groups: 2, samples: 2, keep_fraction: 1.0, max_new_tokens: 8, minibatch_size: 4,
-      micro_batch_size: 2, eval_every: 1, save_every: 1, tensorboard: false, bf16: false}
+      micro_batch_size: 2, eval_every: 1, save_every: 1, tensorboard: false, precision: fp32}
 eval: {num_envs: 2, samples: 2, max_new_tokens: 8}
 prompt: {max_turns: 2}
 """
@@ -160,7 +160,7 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
     folder = tmp_path / "rwml"
     overrides = ["rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false",
                  "rwml.steps=1", "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8",
-                 "rwml.eval_seeds=2", "rwml.reward=change", "rwml.bf16=false", "rwml.tensorboard=false"]
+                 "rwml.eval_seeds=2", "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false"]
     Run(load_recipe(CONFIGS / "sokoban-rwml+ppo.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())

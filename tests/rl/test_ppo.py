@@ -100,7 +100,7 @@ def test_critic_starts_at_zero_and_covers_the_response(tiny):
 def small_run(algorithm, **overrides):
     config = dict(algorithm=algorithm, steps=2, groups=2, samples=2, keep_fraction=1.0, max_new_tokens=6,
                   minibatch_size=4, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3, save_every=1,
-                  tensorboard=False, bf16=False)
+                  tensorboard=False, precision="fp32")
     config.update(overrides)
     return PPOConfig(**config)
 

@@ -187,7 +187,7 @@ def data():
 
 def small(**overrides):
     config = dict(steps=2, batch_size=2, group_size=2, reward="exact", lr=1e-3, minibatch_size=4,
-                  micro_batch_size=4, max_new_tokens=8, save_every=1, bf16=False, tensorboard=False)
+                  micro_batch_size=4, max_new_tokens=8, save_every=1, precision="fp32", tensorboard=False)
     config.update(overrides)
     return RWMLConfig(**config)
 
@@ -251,7 +251,7 @@ def test_cli_runs_the_stage_and_resumes_without_recollecting(tmp_path):
     args = ["rwml", "-e", "sokoban", "--out", str(out), "-m", "tiny", "--exploration", "random",
             "--episodes", "2", "--samples", "1", "--max-turns", "2", "--steps", "1", "--group-size", "2",
             "--batch", "2", "--reward", "exact", "--lr", "1e-4", "--eval-seeds", "2",
-            "--set", "max_new_tokens=4", "--set", "filter_k=2", "--set", "bf16=false", "--set", "tensorboard=false"]
+            "--set", "max_new_tokens=4", "--set", "filter_k=2", "--set", "precision=fp32", "--set", "tensorboard=false"]
     runner = CliRunner()
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output

@@ -47,16 +47,33 @@ def make_env(name: str, options: list[str] | None) -> envs.TextEnv:
 ModelOption = typer.Option("smollm2-135m-instruct", "--model", "-m",
                            help="Built-in name (smollm2-135m-instruct, tiny), local folder or hub id.")
 ModeOption = typer.Option("world_model", help="Prompt mode: base, state or world_model.")
-DtypeOption = typer.Option("bf16", help="Compute dtype: bf16 (fast on CPU), fp32 or fp16.")
+DtypeOption = typer.Option("auto", "--dtype", help="Compute precision: auto (bf16 where the hardware computes it "
+                                                   "natively, else fp32), bf16, fp16 or fp32.")
 
 
-def load(model: str, dtype: str):
-    """Load a model, turning a bad name into a clean CLI error."""
-    from spa.models import load_model
+def compute_precision(dtype: str):
+    """The resolved precision for this machine's device, announced once; a bad name is a CLI error."""
+    from spa import precision
+    from spa.models.loading import resolve_device
 
     try:
+        chosen = precision.resolve(dtype, resolve_device("auto"))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    precision.announce(chosen)
+    return chosen
+
+
+def load(model: str, dtype: str, announce: bool = True):
+    """Load a model in ``dtype`` (``auto``: see :mod:`spa.precision`), turning a bad name into a
+    clean CLI error. ``announce=False`` loads weights whose compute precision is chosen elsewhere
+    (fp32 master weights of a trainer)."""
+    from spa.models import load_model
+
+    chosen = compute_precision(dtype).dtype if announce else dtype
+    try:
         with console.status(f"loading {model}"):
-            return load_model(model, dtype=dtype, device="auto")
+            return load_model(model, dtype=chosen, device="auto")
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
 
@@ -84,12 +101,12 @@ def settings(cls, base: dict, overrides: list[str] | None):
 
 def load_for_training(model: str, out: str, resume: bool):
     """``(checkpoint or None, model, tokenizer)`` for an RL-style stage writing ``out/checkpoint``:
-    the checkpoint's policy when resuming from one, else ``model``; fp32 master weights (bf16
-    autocast and bf16 sampling do the compute)."""
+    the checkpoint's policy when resuming from one, else ``model``; fp32 master weights (the
+    stage's precision does the compute: autocast and sampling)."""
     from spa.rl.ppo import resume_point
 
     checkpoint = resume_point(out) if resume else None
     if resume and checkpoint is None:
         console.print(f"no checkpoint in {out}: starting from {model}")
-    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32")
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32", announce=False)
     return checkpoint, lm, tokenizer

@@ -6,7 +6,8 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import EnvOption, ModelOption, app, console, load, make_env, parse_options, prompt_config
+from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, load, make_env, parse_options,
+                            prompt_config)
 
 
 @app.command("envs")
@@ -64,6 +65,7 @@ def demo(
     turns: int = typer.Option(3, min=1, help="Turns per episode."),
     max_new_tokens: int = typer.Option(200, min=1, help="New-token cap per turn."),
     seed: int = typer.Option(0, help="Seed of the first episode."),
+    dtype: str = DtypeOption,
     option: list[str] = EnvOption,
 ) -> None:
     """A short self-play demo: the model plays in world-model mode at temperature 1."""
@@ -71,7 +73,7 @@ def demo(
     from spa.models.engine import Engine, SamplingParams
 
     make_env(env, option)  # validates the options before the model loads
-    lm, tokenizer = load(model, "bf16")
+    lm, tokenizer = load(model, dtype)
     config = RolloutConfig(env, parse_options(option), prompt_config("world_model", turns, 3, 0))
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     trajectories = rollout(Engine(lm, tokenizer), tokenizer, list(range(seed, seed + episodes)), 1,

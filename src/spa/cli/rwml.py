@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load_for_training,
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load_for_training,
                             make_env, parse_options, settings)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
@@ -33,6 +33,7 @@ def rwml(
     eval_seeds: int = typer.Option(32, min=0, help="Held-out seeds for next-state accuracy; 0: no evaluation."),
     eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
     resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
+    dtype: str = DtypeOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
@@ -43,7 +44,7 @@ def rwml(
     base = dict(exploration=exploration, episodes=episodes, samples=samples, max_turns=max_turns,
                 max_actions_per_turn=max_actions, steps=steps, group_size=group_size, batch_size=batch,
                 reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
-                eval_seeds=eval_seeds, eval_every=eval_every)
+                eval_seeds=eval_seeds, eval_every=eval_every, precision=dtype)
     config = settings(RWMLConfig, base, set_)
     _, lm, tokenizer = load_for_training(model, out, resume)
     try:

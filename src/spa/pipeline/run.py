@@ -28,14 +28,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import torch
-
+from spa import precision
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import write_json, write_jsonl
 from spa.models import load_model
+from spa.models.loading import resolve_device
 from spa.models.engine import Engine
 from spa.pipeline.recipe import Recipe
 from spa.rl.ppo import resume_point
@@ -120,6 +120,12 @@ class Run:
         """The format-bootstrap checkpoint when there is one, else the base model."""
         return self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
 
+    def compute(self) -> precision.Precision:
+        """The recipe's compute precision on this machine (announced once)."""
+        chosen = precision.resolve(self.recipe.precision, resolve_device("auto"))
+        precision.announce(chosen)
+        return chosen
+
     def prompt(self, mode: str) -> PromptConfig:
         p = self.recipe.prompt
         return PromptConfig(mode, p.max_turns, p.max_actions, history_turns=0)
@@ -133,7 +139,7 @@ class Run:
                                 coords=s.coords, seed=r.seed)
         engine = tokenizer = None
         if exploration == "self_play":
-            lm, tokenizer = load_model(model, dtype="bf16")
+            lm, tokenizer = load_model(model, dtype=self.compute().dtype)
             engine = Engine(lm, tokenizer)
         examples, stats = build_examples(collect(engine, tokenizer, config), config)
         write_jsonl(out, examples)
@@ -148,14 +154,15 @@ class Run:
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int) -> str:
         checkpoint = last_checkpoint(out) if out.exists() else None
         lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
-        config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.seed)
+        config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.seed,
+                         precision=self.recipe.stage_precision(self.recipe.sft))
         if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
         return str(last_checkpoint(out))
 
     def _evaluate(self, model: str, name: str) -> dict:
         r = self.recipe
-        lm, tokenizer = load_model(model, dtype="bf16")
+        lm, tokenizer = load_model(model, dtype=self.compute().dtype)
         results = {}
         modes = [r.rl_mode] + (["world_model"] if r.eval.world_model and r.rl_mode != "world_model" else [])
         for mode in modes:
@@ -198,7 +205,8 @@ class Run:
         r, out = self.recipe, self.dir / "rwml"
         checkpoint = resume_point(out)
         lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), dtype="fp32")
-        config = replace(r.rwml, seed=r.seed, max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions)
+        config = replace(r.rwml, seed=r.seed, max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
+                         precision=r.stage_precision(r.rwml))
         summary = rwml_train.run(lm, tokenizer, r.env.name, dict(r.env.options), config, out,
                                  resume=checkpoint is not None, log=self.log)
         return {"model": str(out / "checkpoint" / "policy"), "summary": summary}
@@ -212,14 +220,16 @@ class Run:
         checkpoint = resume_point(out)
         lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.start_model(), dtype="fp32")
         rollout_config = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
-        config = replace(r.ppo, seed=r.seed)
+        config = replace(r.ppo, seed=r.seed, precision=r.stage_precision(r.ppo))
         probe = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode),
                            num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
                            max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
 
+        compute = precision.resolve(config.precision, next(lm.parameters()).device)
+
         def evaluate_fn(policy, step: int) -> dict:
             return evaluate(policy, tokenizer, probe, out / "eval" / f"step-{step}", progress=False,
-                            dtype=torch.bfloat16 if config.bf16 else None)
+                            dtype=compute.decode_dtype)
 
         turn_reward = None
         if r.method == "vagen":

@@ -9,8 +9,9 @@ with gradient accumulation; log; evaluate every ``eval_every`` steps; checkpoint
 Defaults are the paper's PPO settings (DESIGN.md): actor lr 1e-6, critic lr 1e-5,
 gamma = lambda = 1, clip 0.2 / 0.28, dual clip 3, value clip 0.5, entropy 1e-3, KL 0,
 1 PPO epoch, 32 groups x 8 samples, keep 25% of the groups, episode reward on the last
-token. Old log-probs are the rollout's sampling log-probs (the engine decodes in bf16
-from the fp32 master weights, so the first ratio is close to, not exactly, 1).
+token. Old log-probs are the rollout's sampling log-probs (the engine decodes in the
+compute precision from the fp32 master weights: with bf16 the first ratio is close to,
+not exactly, 1; in fp32 it is 1).
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step; the seeds, sampling and minibatch order of a step depend only
@@ -30,14 +31,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from spa import distributed
+from spa import precision as precision_
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
@@ -86,11 +88,14 @@ class PPOConfig:
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
     save_every: int = 10  # checkpoint every N steps (and at the end)
-    bf16: bool = True  # bf16 autocast and bf16 sampling on CPU
+    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     tensorboard: bool = True
     seed: int = 0
 
+    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
+
     def __post_init__(self) -> None:
+        self.precision = precision_.check(self.precision)
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm {self.algorithm!r} is not known; valid: {', '.join(ALGORITHMS)}")
         self.advantage = self.advantage or ESTIMATORS[self.algorithm][0]
@@ -330,8 +335,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     policy = distributed.place(policy)
     distributed.sync_params(policy)
     device = next(policy.parameters()).device
-    on_cpu = device.type == "cpu"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16)
+    compute = precision_.for_model(config.precision, policy)
+    autocast = compute.autocast(device)
     reference = None
     if config.kl_coef > 0:
         import copy
@@ -356,7 +361,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
         write_json(out / "config.json", {"ppo": asdict(config), "rollout": asdict(rollout_config)})
     logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard) if main else _NoLogger()
     if engine is None:
-        engine = Engine(policy, tokenizer, dtype=torch.bfloat16 if config.bf16 and on_cpu else None)
+        engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:

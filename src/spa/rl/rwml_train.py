@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from spa import distributed
+from spa import precision as precision_
 from spa.eval.metrics import aligned_cells, exact_match, grid_cells
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
@@ -115,11 +116,14 @@ class RWMLConfig:
     eval_seeds: int = 32  # held-out seeds explored at random for prediction_accuracy; 0: none
     eval_every: int = 0  # also evaluate every N steps (the start and the end always are)
     save_every: int = 10  # checkpoint every N steps (and at the end)
-    bf16: bool = True  # bf16 autocast and bf16 sampling on CPU
+    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     tensorboard: bool = True
     seed: int = 0
 
+    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
+
     def __post_init__(self) -> None:
+        self.precision = precision_.check(self.precision)
         get_reward(self.reward)  # an unknown name lists the valid ones
         core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
         choices = {"exploration": EXPLORATION, "filter_distance": FILTER_DISTANCES, "advantage": ADVANTAGES}
@@ -152,7 +156,7 @@ class RWMLConfig:
                          clip_high=self.clip_high, dual_clip=self.dual_clip, entropy_coef=self.entropy_coef,
                          kl_coef=0.0, aggregation=self.aggregation, ppo_epochs=self.ppo_epochs,
                          minibatch_size=self.minibatch_size, micro_batch_size=self.micro_batch_size,
-                         max_grad_norm=self.max_grad_norm, bf16=self.bf16, tensorboard=False, seed=self.seed)
+                         max_grad_norm=self.max_grad_norm, precision=self.precision, tensorboard=False, seed=self.seed)
 
 
 # ---------------------------------------------------------------------------- the filter model
@@ -189,7 +193,7 @@ def _mean(values) -> float:
 
 
 def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_tokens: int = 200,
-                        embedder=None, tau: float = EMBEDDING_TAU, engine=None, bf16: bool = True,
+                        embedder=None, tau: float = EMBEDDING_TAU, engine=None, precision: str = "auto",
                         records: str | Path | None = None) -> dict:
     """Greedy next-state prediction accuracy of ``model`` on ``triplets``.
 
@@ -206,8 +210,7 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     if not triplets:
         raise ValueError("prediction_accuracy needs at least one triplet")
     if engine is None:
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        engine = Engine(model, tokenizer, dtype=torch.bfloat16 if bf16 and on_cpu else None)
+        engine = Engine(model, tokenizer, dtype=precision_.for_model(precision, model).decode_dtype)
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=(STOP,))
     generations = engine.generate([prompt_ids(tokenizer, t) for t in triplets], sampling)
     texts = [g.text for g in generations]
@@ -333,8 +336,9 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     if not triplets:
         raise ValueError("no triplets to train on: collect more episodes, or use exploration 'random'")
     torch.manual_seed(config.seed)
-    on_cpu = next(policy.parameters()).device.type == "cpu"
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16 and on_cpu)
+    device = next(policy.parameters()).device
+    compute = precision_.for_model(config.precision, policy)
+    autocast = compute.autocast(device)
     actor = config.actor_config()
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=0.0)
@@ -350,7 +354,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     write_json(out / "config.json", {"rwml": asdict(config), "triplets": len(triplets), "data": data})
     logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard)
     if engine is None:
-        engine = Engine(policy, tokenizer, dtype=torch.bfloat16 if config.bf16 and on_cpu else None)
+        engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
     if embedder is None and config.reward == "embedding":
         embedder = load_embedder(config, required=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -443,8 +447,8 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
     checkpoint = resume_point(out) if resume else None
     needs_embedding = config.reward == "embedding" or (config.filter and config.filter_distance == "embedding")
     embedder = load_embedder(config, required=needs_embedding)
-    on_cpu = next(policy.parameters()).device.type == "cpu"
-    dtype = torch.bfloat16 if config.bf16 and on_cpu else None
+    compute = precision_.for_model(config.precision, policy)
+    dtype = compute.decode_dtype
 
     # 1. Training triplets, collected once per run.
     data_path = out / "triplets.jsonl"
@@ -461,7 +465,7 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
             if config.filter_model:
                 from spa.models import load_model
 
-                filter_lm, filter_tokenizer = load_model(config.filter_model, "bf16" if config.bf16 else "fp32",
+                filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype,
                                                          next(policy.parameters()).device)
                 filter_engine = Engine(filter_lm, filter_tokenizer)
             predict = sampling_predictor(filter_engine, filter_tokenizer, config.max_new_tokens,
@@ -484,7 +488,7 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
     def evaluate_fn(model, step: int) -> dict:
         folder = out / "eval"
         metrics = prediction_accuracy(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens,
-                                      embedder=embedder, tau=config.tau, bf16=config.bf16,
+                                      embedder=embedder, tau=config.tau, precision=config.precision,
                                       records=folder / f"step-{step}.predictions.jsonl")
         write_json(folder / f"step-{step}.json", {"step": step, **metrics})
         return metrics

@@ -27,13 +27,15 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from spa import distributed
+from spa import precision as precision_
 from spa.eval.metrics import exact_match
 from spa.io import atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
@@ -59,10 +61,13 @@ class SFTConfig:
     val_examples_generate: int = 64  # held-out examples used for next-state exact match
     val_max_new_tokens: int = 160  # token cap when the model writes a held-out next state
     lora_rank: int = 0  # 0: full fine-tuning; >0: LoRA adapters of this rank (peft)
-    bf16: bool = True  # bf16 autocast on CPU (about 4x the fp32 matmul speed)
+    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     seed: int = 0
 
+    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
+
     def __post_init__(self) -> None:
+        self.precision = precision_.check(self.precision)
         checks = {"lr": self.lr > 0, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
                   "grad_accum": self.grad_accum >= 1, "warmup_ratio": 0 <= self.warmup_ratio < 1,
                   "val_fraction": 0 <= self.val_fraction < 1, "lora_rank": self.lora_rank >= 0}
@@ -178,19 +183,19 @@ def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: 
         prefix = example["response"][: example["response"].find("<prediction>") + len("<prediction>")]
         prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
     params = SamplingParams(max_new_tokens=config.val_max_new_tokens, temperature=0.0, stop=("</prediction>",))
-    dtype = torch.bfloat16 if config.bf16 and _on_cpu(model) else None
+    dtype = _precision(model, config).decode_dtype
     outputs = Engine(generator, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
     return total, count, sum(hits), len(hits)
 
 
-def _on_cpu(model) -> bool:
-    return next(model.parameters()).device.type == "cpu"
+def _precision(model, config: SFTConfig) -> precision_.Precision:
+    return precision_.for_model(config.precision, model)
 
 
 def _autocast(model, config: SFTConfig):
-    """bf16 autocast on the model's device (CPU: about 4x the fp32 matmul speed)."""
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
+    """Autocast to the compute precision on the model's device (fp32: none)."""
+    return _precision(model, config).autocast(next(model.parameters()).device)
 
 
 def _to_device(batch: tuple[torch.Tensor, ...], model) -> tuple[torch.Tensor, ...]:
