@@ -25,23 +25,36 @@ def evaluate_command(
     max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
-    out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE)."),
+    out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE, or evals/ENV-POLICY "
+                            "for random and oracle)."),
     option: list[str] = EnvOption,
+    policy: str = typer.Option("model", help="Who plays: model, random (uniform valid actions) or "
+                               "oracle (a solver's shortest solution); random and oracle load no model."),
 ) -> None:
-    """Evaluate a model: Pass@k, valid rates and (world_model mode) world-model accuracy."""
+    """Evaluate a model (or a random or oracle baseline): Pass@k, valid rates, world-model accuracy."""
+    from spa.eval.baselines import POLICIES, evaluate_policy, interval_rows
     from spa.eval.evaluate import EvalConfig, evaluate, metric_rows
 
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, None if history_turns < 0 else history_turns)
     config = EvalConfig(env, parse_options(option), prompt, num_envs, samples, temperature, top_p,
                         max_new_tokens, seed=seed)
-    lm, tokenizer = load(model, dtype)
-    out_dir = out or f"evals/{env}-{mode}"
-    metrics = evaluate(lm, tokenizer, config, out_dir, model_name=model)
-    table = Table(title=f"{model} on {env} ({mode}), {num_envs} seeds x {samples} samples")
+    if policy == "model":
+        lm, tokenizer = load(model, dtype)
+        out_dir = out or f"evals/{env}-{mode}"
+        metrics = evaluate(lm, tokenizer, config, out_dir, model_name=model)
+    else:
+        out_dir = out or f"evals/{env}-{policy}"
+        metrics = evaluate_policy(policy, config, out_dir)
+    player = model if policy == "model" else f"{policy} policy"
+    table = Table(title=f"{player} on {env} ({mode}), {num_envs} seeds x {samples} samples")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metric_rows(metrics):
+        table.add_row(name, value)
+    for name, value in interval_rows(metrics):
         table.add_row(name, value)
     console.print(table)
     console.print(f"{metrics['wall_seconds']} s; wrote {out_dir}/metrics.json, report.md, trajectories.jsonl")

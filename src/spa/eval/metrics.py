@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from statistics import mean
+from statistics import mean, stdev
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -126,3 +126,22 @@ def _grid_exact(predicted: str, true_grid: str) -> bool:
     """Whether the first rows of the predicted text are exactly the true grid."""
     rows = len(_lines(true_grid))
     return _lines(predicted)[:rows] == _lines(true_grid)
+
+
+def pass_at_k_interval(trajectories, k: int, z: float = 1.96) -> tuple[float, float]:
+    """A normal-approximation interval (95% for ``z = 1.96``) for the mean Pass@k.
+
+    The unit is the level, not the episode: the samples of one seed share a level and
+    are not independent, so the interval is ``mean ± z * sd / sqrt(levels)`` over the
+    per-level Pass@k values, clipped to [0, 1]. It is degenerate (zero width) when every
+    level scores the same, e.g. a solver that solves them all.
+    """
+    groups: dict[int, list[bool]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group].append(trajectory.success)
+    values = [pass_at_k(len(o), sum(o), k) for o in groups.values()]
+    if len(values) < 2:
+        raise ValueError(f"pass_at_k_interval needs at least 2 levels; got {len(values)}")
+    centre = mean(values)
+    half = z * stdev(values) / math.sqrt(len(values))
+    return max(0.0, centre - half), min(1.0, centre + half)

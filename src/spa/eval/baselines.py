@@ -1,0 +1,302 @@
+"""Baseline policies for ``spa eval``: uniformly random valid actions, and a solver.
+
+Both play the same evaluation seeds under the same turn and action limits as a model
+and go through the same accounting: each turn the policy writes a response
+``<think>..</think><answer>A1 || A2 || A3</answer>`` that ``spa.agent.rollout``'s
+turn function parses and applies, so ``summarize`` scores them exactly as it scores a
+model. No model is loaded.
+
+* ``random``: each action is ``env.random_action(rng)``, the environment's own notion of
+  a valid action (Sokoban and FrozenLake: any of the four moves; Sudoku: any value in
+  any non-clue cell). ``rng`` is seeded from ``(sampling seed, level seed, sample)``.
+* ``oracle``: Sokoban, the first move of a BFS-shortest solution over (player, boxes);
+  FrozenLake, the first move of a shortest path to the goal around the holes; Sudoku,
+  the solution's value for the first wrong cell. It acts on the state after each
+  action, so on slippery ice it replans after every slide. It is deterministic: the
+  samples of a level (which share the level's slip draws) play identically.
+
+A turn's actions are chosen one at a time on a copy of the environment, which holds
+the same random generator and so sees the same slides the real one will; the real
+environment then replays the turn, and a check confirms both ended in the same state.
+The policy thus sees each action's outcome before choosing the next, more than a model
+gets within a turn: the oracle is a reference, not a bound (a shortest path is not the
+safest one on slippery ice).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from spa.agent.parsing import ACTION_SEPARATOR
+from spa.agent.prompts import build_messages, state_block
+from spa.agent.rollout import RolloutConfig, Trajectory, _play_turn
+from spa.agent.seeds import eval_seeds
+from spa.envs import TextEnv, make
+from spa.envs.frozen_lake import ACTIONS as LAKE_ACTIONS
+from spa.envs.frozen_lake import FrozenLakeEnv
+from spa.envs.sokoban import MOVES as SOKOBAN_MOVES
+from spa.envs.sokoban import Sokoban
+from spa.envs.sudoku import SudokuEnv
+from spa.eval.evaluate import EvalConfig, markdown_report
+from spa.eval.metrics import pass_at_k_interval, summarize
+from spa.io import atomic_write_text, write_json, write_jsonl
+from spa.models.engine import Generation
+
+#: Who can play in ``spa eval``: the language model, or one of the baselines here.
+POLICIES = ("model", "random", "oracle")
+BASELINES = POLICIES[1:]
+
+#: Sokoban states the oracle's BFS may visit before it gives up (big rooms, many boxes).
+MAX_SOKOBAN_STATES = 500_000
+
+Cell = tuple[int, int]
+Policy = Callable[[TextEnv], str]  # the next action in the env's current state
+
+
+def check_policy(name: str) -> str:
+    """Return ``name`` or raise an error naming it and listing the valid policies."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    return name
+
+
+# -- solvers ------------------------------------------------------------------------
+
+
+def solve_sokoban(env: Sokoban, max_states: int = MAX_SOKOBAN_STATES) -> list[str] | None:
+    """A shortest action sequence solving ``env``'s current state, or ``None``.
+
+    BFS over ``(player, boxes)``; moves that change nothing (into a wall, or a blocked
+    push) are skipped since they only cost a step. ``None`` when no solution exists or
+    more than ``max_states`` states were visited.
+    """
+    rows = env.render().split("\n")
+    height, width = len(rows), len(rows[0])
+    walls, targets = env.walls, env.targets
+
+    def free(cell: Cell, boxes: frozenset) -> bool:
+        inside = 0 <= cell[0] < height and 0 <= cell[1] < width
+        return inside and cell not in walls and cell not in boxes
+
+    start = (env.player, env.boxes)
+    parent: dict = {start: None}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        player, boxes = state
+        if boxes == targets:
+            plan = []
+            while parent[state] is not None:
+                state, action = parent[state]
+                plan.append(action)
+            return plan[::-1]
+        for name, (dr, dc) in SOKOBAN_MOVES.items():
+            ahead = (player[0] + dr, player[1] + dc)
+            if ahead in boxes:
+                beyond = (ahead[0] + dr, ahead[1] + dc)
+                if not free(beyond, boxes):
+                    continue
+                nxt = (ahead, (boxes - {ahead}) | {beyond})
+            elif free(ahead, boxes):
+                nxt = (ahead, boxes)
+            else:
+                continue
+            if nxt not in parent:
+                parent[nxt] = (state, name.capitalize())
+                if len(parent) > max_states:
+                    return None
+                queue.append(nxt)
+    return None
+
+
+def lake_distances(env: FrozenLakeEnv) -> dict[Cell, int]:
+    """Steps from every ice tile to the goal, moving around the holes (BFS from the goal)."""
+    rows = env.layout()
+    height, width = len(rows), len(rows[0])
+    holes = set(env.holes)
+    dist = {env.goal: 0}
+    queue = deque([env.goal])
+    while queue:
+        row, col = queue.popleft()
+        for nxt in ((row - 1, col), (row + 1, col), (row, col - 1), (row, col + 1)):
+            if 0 <= nxt[0] < height and 0 <= nxt[1] < width and nxt not in holes and nxt not in dist:
+                dist[nxt] = dist[(row, col)] + 1
+                queue.append(nxt)
+    return dist
+
+
+_LAKE_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+
+
+def lake_move(dist: dict[Cell, int], player: Cell) -> str | None:
+    """The first move of a shortest path from ``player`` (ties: Left, Down, Right, Up)."""
+    here = dist.get(player)
+    for name in LAKE_ACTIONS:
+        dr, dc = _LAKE_DELTAS[name]
+        if here is not None and dist.get((player[0] + dr, player[1] + dc)) == here - 1:
+            return name
+    return None
+
+
+def sudoku_move(env: SudokuEnv) -> str | None:
+    """The solution's value for the first cell (row by row) that differs from it, as ``r,c,v``."""
+    for r, (row, solved) in enumerate(zip(env.board, env.solution)):
+        for c, (value, want) in enumerate(zip(row, solved)):
+            if value != want:
+                return f"{r + 1},{c + 1},{want}"
+    return None
+
+
+# -- policies -----------------------------------------------------------------------
+
+
+def random_policy(rng: np.random.Generator) -> Policy:
+    """Uniformly random valid actions, drawn from ``rng``."""
+    return lambda env: env.random_action(rng)
+
+
+def oracle_policy(rng: np.random.Generator) -> Policy:
+    """The solver's move in the current state; ``rng`` only serves states with no solution
+    (none is reachable on a solvable level, but a BFS cut off on a huge room gives none)."""
+    sokoban_plan: dict = {}  # (player, boxes) -> move, for the states along the last plan
+    lake: dict[str, dict[Cell, int]] = {}  # the distance map, computed once per episode
+
+    def act(env: TextEnv) -> str:
+        move = None
+        if isinstance(env, Sokoban):
+            key = (env.player, env.boxes)
+            if key not in sokoban_plan:
+                sokoban_plan.update(_sokoban_states(env, solve_sokoban(env) or []))
+                sokoban_plan.setdefault(key, None)  # no solution: do not search again
+            move = sokoban_plan.get(key)
+        elif isinstance(env, FrozenLakeEnv):
+            if "dist" not in lake:
+                lake["dist"] = lake_distances(env)
+            move = lake_move(lake["dist"], env.player)
+        elif isinstance(env, SudokuEnv):
+            move = sudoku_move(env)
+        else:
+            raise ValueError(f"the oracle has no solver for environment {env.name!r}")
+        return move if move is not None else env.random_action(rng)
+
+    return act
+
+
+def _sokoban_states(env: Sokoban, plan: list[str]) -> dict:
+    """``(player, boxes) -> move`` along ``plan`` from ``env``'s state (on a copy)."""
+    sim, states = copy.deepcopy(env), {}
+    for move in plan:
+        states[(sim.player, sim.boxes)] = move
+        sim.step(move)
+    return states
+
+
+def make_policy(name: str, rng: np.random.Generator) -> Policy:
+    """A fresh per-episode baseline policy (``random`` or ``oracle``)."""
+    if check_policy(name) == "model":
+        raise ValueError("the model policy is played by spa.eval.evaluate, not by a baseline")
+    return random_policy(rng) if name == "random" else oracle_policy(rng)
+
+
+# -- episodes -----------------------------------------------------------------------
+
+
+def plan_turn(env: TextEnv, policy: Policy, count: int) -> tuple[list[str], TextEnv]:
+    """Up to ``count`` actions chosen one by one on a copy of ``env``; the copy after them."""
+    sim, actions = copy.deepcopy(env), []
+    for _ in range(count):
+        action = policy(sim)
+        actions.append(action)
+        _, _, terminated, truncated, _ = sim.step(action)
+        if terminated or truncated:
+            break
+    return actions, sim
+
+
+def play(policy: str, seeds: list[int], samples: int, config: RolloutConfig,
+         seed: int = 0) -> list[Trajectory]:
+    """Play ``samples`` episodes of every seed with a baseline; grouped as ``rollout`` groups them.
+
+    The turn and action limits, the format penalty and the recorded fields are the model
+    rollout's (its turn function applies each response). Token fields are empty: nothing
+    is generated.
+    """
+    check_policy(policy)
+    cfg = config.prompt
+    max_actions = config.max_actions or cfg.max_turns * cfg.max_actions_per_turn
+    trajectories = []
+    for group, level in enumerate(seeds):
+        for sample in range(samples):
+            env = make(config.env, **config.env_config)
+            env.reset(seed=level)
+            act = make_policy(policy, np.random.default_rng([seed, level, sample]))
+            trajectory = Trajectory(config.env, dict(config.env_config), level, group, sample, cfg.mode)
+            history: list[tuple[str, str, float]] = []
+            for _ in range(cfg.max_turns):
+                budget = max_actions - trajectory.num_actions
+                messages, shown = build_messages(env, cfg, history), state_block(env, cfg.mode)
+                actions, sim = plan_turn(env, act, min(cfg.max_actions_per_turn, budget))
+                text = _response(policy, actions, shown, state_block(sim, cfg.mode), cfg.world_model)
+                turn, done = _play_turn(env, messages, [], Generation([], text, [], "stop"), cfg,
+                                        budget, config.format_penalty)
+                if env.state_text() != sim.state_text():
+                    raise RuntimeError(f"{config.env} seed {level}: replaying the planned turn "
+                                       "gave another state; the environment is not reproducible")
+                trajectory.turns.append(turn)
+                history.append((shown, turn.response, turn.reward))
+                trajectory.success, trajectory.terminated = env.is_success(), done
+                if done or trajectory.num_actions >= max_actions:
+                    break
+            trajectories.append(trajectory)
+    return trajectories
+
+
+def _response(policy: str, actions: list[str], before: str, after: str, world_model: bool) -> str:
+    """A well-formed answer; in world-model mode with the true states (known from the copy)."""
+    think = f"{policy} policy"
+    if world_model:
+        think = f"<observation>{before}</observation> {think} <prediction>{after}</prediction>"
+    return f"<think>{think}</think><answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
+
+
+def evaluate_policy(policy: str, config: EvalConfig, out_dir: str | Path | None = None) -> dict:
+    """``spa.eval.evaluate.evaluate`` for a baseline: same seeds, metrics and output files.
+
+    Sampling options (temperature, top-p, new-token cap) do not apply. World-model
+    accuracy is left out: a baseline's observation and prediction are the true states.
+    Adds ``pass_at_k_ci95``, a normal-approximation 95% interval over levels.
+    """
+    rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
+                                   format_penalty=config.format_penalty)
+    start = time.perf_counter()
+    trajectories = play(policy, eval_seeds(config.num_envs), config.samples, rollout_config, config.seed)
+    seconds = time.perf_counter() - start
+    metrics = summarize(trajectories)
+    metrics.pop("world_model", None)
+    if config.num_envs >= 2:
+        metrics["pass_at_k_ci95"] = {
+            name: list(pass_at_k_interval(trajectories, int(name.split("@")[1])))
+            for name in metrics["pass_at_k"]
+        }
+    metrics.update(model=f"{policy} policy", policy=policy, config=asdict(config),
+                   wall_seconds=round(seconds, 1), generated_tokens=0, tokens_per_second=0.0)
+    if out_dir is not None:
+        out = Path(out_dir)
+        write_jsonl(out / "trajectories.jsonl", (t.to_json() for t in trajectories))
+        write_json(out / "metrics.json", metrics)
+        rows = "".join(f"| {name} | {value} |\n" for name, value in interval_rows(metrics))
+        atomic_write_text(out / "report.md", markdown_report(metrics) + rows)  # extends its table
+    return metrics
+
+
+def interval_rows(metrics: dict) -> list[tuple[str, str]]:
+    """``(name, formatted interval)`` rows for ``pass_at_k_ci95``, where the metrics have it."""
+    return [(f"{name} 95% interval", f"{100 * low:.1f}-{100 * high:.1f}%")
+            for name, (low, high) in metrics.get("pass_at_k_ci95", {}).items()]
