@@ -9,7 +9,7 @@ from spa.rl import core
 from spa.rl.core import (
     ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, aggregate, broadcast_to_tokens,
     entropy_from_logits, explained_variance, gae, get, group_advantages, kl_penalty,
-    masked_mean, masked_sum, masked_whiten, policy_loss, turn_gae, value_loss,
+    masked_mean, masked_sum, masked_whiten, policy_loss, turn_gae, value_loss, whiten_with,
 )
 
 NAN = float("nan")
@@ -40,6 +40,15 @@ def test_masked_whiten():
     # mean 2, population var 2/3 -> (x-2)/sqrt(2/3) = +-1.2247449
     close(masked_whiten(x, m, eps=0.0), [[-1.2247449, 0.0, 1.2247449, 0.0]])
     close(masked_whiten(x, m, shift_mean=False, eps=0.0), [[0.7752551, 2.0, 3.2247449, 0.0]])
+
+
+def test_whiten_with_given_moments():
+    """masked_whiten's transform with moments from elsewhere (another process's tokens)."""
+    x, m = t([1.0, 2.0, 3.0, 100.0]), t([1, 1, 1, 0])
+    close(whiten_with(x, m, 2.0, 2 / 3, eps=0.0), masked_whiten(x, m, eps=0.0))
+    close(whiten_with(x, m, 0.0, 4.0, eps=0.0), [[0.5, 1.0, 1.5, 0.0]])
+    close(whiten_with(x, m, 1.0, 4.0, shift_mean=False, eps=0.0), [[1.0, 1.5, 2.0, 0.0]])
+    assert whiten_with(x.float(), m, 2.0, 1.0).dtype == torch.float32
 
 
 def test_explained_variance():

@@ -2,17 +2,21 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn
-from spa.rl.batch import (collate, critic_advantages, group_advantages, place_rewards, policy_forward,
-                          turn_samples)
+from spa.models.engine import Engine, SamplingParams
+from spa.rl import core
+from spa.rl.batch import (Sample, collate, critic_advantages, group_advantages, loss_masks, pad_responses,
+                          place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
 from spa.rl.critic import Critic
-from spa.rl.ppo import PPOConfig, group_spread, resume_point, top_groups, train
+from spa.rl.ppo import (PPOConfig, compute_advantages, group_spread, local_table, resume_point, top_groups, train,
+                        update_actor, whiten_advantages)
 from spa.rl.logger import read_metrics
-from tests.scripted import ScriptedEngine
+from tests.scripted import ScriptedEngine, wm
 
 
 def turn(prompt, response, reward):
@@ -33,9 +37,22 @@ def test_group_filter_prefers_the_groups_whose_rewards_vary():
     trajectories = [episode(0, [1.0]), episode(0, [1.0], 1), episode(1, [0.0]), episode(1, [5.0], 1),
                     episode(2, [0.0]), episode(2, [1.0], 1)]
     spread = group_spread(trajectories)
-    assert top_groups(spread, 0.25) == {1}
-    assert top_groups(spread, 0.5) == {1, 2}
-    assert top_groups(spread, 1.0) == {0, 1, 2}
+    assert top_groups(spread, 0.25, drop_flat=False) == {1}
+    assert top_groups(spread, 0.5, drop_flat=False) == {1, 2}
+    assert top_groups(spread, 1.0, drop_flat=False) == {0, 1, 2}
+
+
+def test_flat_groups_are_dropped_before_the_fraction_is_taken():
+    """Group 0's samples all scored 1 (and group 3's differ by float noise only): they are
+    dropped, and the fraction is of the two groups left."""
+    trajectories = [episode(0, [1.0]), episode(0, [1.0], 1), episode(1, [0.0]), episode(1, [5.0], 1),
+                    episode(2, [0.0]), episode(2, [1.0], 1), episode(3, [0.1 + 0.2]), episode(3, [0.3], 1)]
+    spread = group_spread(trajectories)
+    assert 0 < spread[3] < 1e-8
+    assert top_groups(spread, 1.0) == {1, 2}
+    assert top_groups(spread, 0.5) == {1}
+    assert top_groups({0: 0.0, 1: 0.0}, 1.0) == set()
+    assert PPOConfig().drop_flat_groups
 
 
 def test_rewards_are_placed_on_turn_ends():
@@ -97,6 +114,157 @@ def test_critic_starts_at_zero_and_covers_the_response(tiny):
     assert [v.tolist() for v in values] == [[0.0] * 2, [0.0] * 4]
 
 
+def test_advantages_are_whitened_over_the_loss_tokens_of_the_step():
+    """PPO: after GAE the step's advantages have mean 0 and variance 1 over the tokens the
+    policy loss reads (the loss masks), the same transform as core.masked_whiten; the returns
+    are untouched. GRPO keeps its group-normalised advantages."""
+    trajectories = [episode(0, [-0.1, 1.0], lengths=[2, 3]), episode(0, [0.0, 2.0], 1, lengths=[4, 1])]
+    samples = turn_samples(trajectories)
+    samples[0].loss_mask = torch.tensor([True, False])
+    for s, v in zip(samples, ([0.1, 0.2], [0.5, 0.4, 0.3], [0.0, -0.2, 0.3, 1.0], [0.7])):
+        s.old_values = torch.tensor(v)
+    critic_advantages(samples, trajectories, "gae", "episode", 1.0, 1.0)
+    raw = [s.advantages.clone() for s in samples]
+    returns = [s.returns.clone() for s in samples]
+    whiten_advantages(samples)
+    adv, mask = pad_responses(raw)
+    expected = core.masked_whiten(adv, loss_masks(samples))
+    in_loss = loss_masks(samples)
+    for row, s in enumerate(samples):
+        keep = in_loss[row, : s.response_length]
+        assert s.advantages[keep].tolist() == pytest.approx(expected[row, : s.response_length][keep].tolist(),
+                                                            abs=1e-6)
+        assert torch.equal(s.returns, returns[row])
+    flat = torch.cat([s.advantages[in_loss[row, : s.response_length]] for row, s in enumerate(samples)])
+    assert flat.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert flat.var(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    # the token outside the loss gets the same affine map (its value is never read)
+    a, b = raw[0][0].item(), raw[0][1].item()
+    scale = (samples[0].advantages[0] - samples[0].advantages[1]).item() / (a - b)
+    assert samples[0].advantages[1].item() == pytest.approx(samples[0].advantages[0].item() - scale * (a - b))
+
+
+def test_compute_advantages_whitens_ppo_by_default_and_not_grpo(tiny):
+    model, tokenizer = tiny
+    trajectories = [episode(0, [-0.1, 1.0], lengths=[2, 3]), episode(0, [0.0, 3.0], 1, lengths=[4, 1])]
+    critic = Critic(model)
+    whitened = turn_samples(trajectories)
+    compute_advantages(whitened, trajectories, critic, PPOConfig(precision="fp32"), 0, torch.autocast("cpu",
+                                                                                                      enabled=False))
+    values = torch.cat([s.advantages for s in whitened])
+    assert values.mean().item() == pytest.approx(0.0, abs=1e-6) and values.std(unbiased=False).item() == \
+        pytest.approx(1.0, abs=1e-5)
+    raw = turn_samples(trajectories)
+    compute_advantages(raw, trajectories, critic, PPOConfig(precision="fp32", whiten_advantages=False), 0,
+                       torch.autocast("cpu", enabled=False))
+    # a zero-initialised critic: the raw advantage is the episode's reward on every token
+    assert torch.cat([s.advantages for s in raw]).tolist() == pytest.approx([0.9] * 5 + [3.0] * 5)
+    grpo = turn_samples(trajectories)
+    compute_advantages(grpo, trajectories, None, PPOConfig(algorithm="grpo", advantage="grpo_no_std"), 0, None)
+    assert torch.cat([s.advantages for s in grpo]).tolist() == pytest.approx([-1.05] * 5 + [1.05] * 5)
+
+
+def test_state_spans_are_the_contents_the_parser_reads():
+    text = "<think><observation>A\nB</observation> go <prediction>C</prediction></think><answer>Up</answer>"
+    (o0, o1), (p0, p1) = state_spans(text)
+    assert (text[o0:o1], text[p0:p1]) == ("A\nB", "C")
+    assert state_spans("<think>x</think><answer>Up</answer>") == []
+    assert state_spans("<observation>unclosed") == []
+
+
+def test_state_token_mask_leaves_the_state_contents_out():
+    """A hand-built response over a toy vocabulary: tokens wholly inside an observation or
+    prediction block get no loss; the tags, the reasoning, the answer and the tokens that
+    straddle a tag and the state ("n>#") keep it."""
+    pieces = ["<think>", "<obs", "ervation>", "##", "P_", "\n", "#", "</observation>", " I go", " <", "predictio",
+              "n>#", "P", "#", "</", "prediction>", "</think>", "<answer>", "Right", " || ", "Up", "</answer>"]
+    ids = list(range(len(pieces)))
+    mask = state_token_mask(ids, lambda xs: "".join(pieces[i] for i in xs))
+    out = [pieces[i] for i in ids if not mask[i]]
+    assert out == ["##", "P_", "\n", "#", "P", "#"]
+    # nothing to mask: every token keeps the loss
+    assert state_token_mask([17, 18, 19, 20], lambda xs: "".join(pieces[i] for i in xs)).all()
+    assert state_token_mask([], lambda xs: "").shape == (0,)
+
+
+def test_state_token_mask_with_the_real_tokenizer(tiny):
+    """Multi-byte characters split across tokens (the box-on-target symbol) do not shift the
+    spans: the masked tokens decode to exactly the two states."""
+    _, tokenizer = tiny
+    obs, pred = "#####\n#_√P#\nPlayer at (1,3); Box at (1,2).", "##√##\n#√P_#"
+    text = f"<think><observation>{obs}</observation> push √ <prediction>{pred}</prediction></think>" \
+           "<answer>Left || Up</answer><|im_end|>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    mask = state_token_mask(ids, tokenizer.decode)
+    assert tokenizer.decode([i for i, keep in zip(ids, mask) if not keep]) == obs + pred
+    assert tokenizer.decode([i for i, keep in zip(ids, mask) if keep]).endswith("<answer>Left || Up</answer><|im_end|>")
+
+
+def test_turn_samples_carry_the_loss_mask_when_state_tokens_are_out(tiny):
+    _, tokenizer = tiny
+    response = tokenizer(wm("Up", "#P#\nPlayer at (0,1).", "#_#"), add_special_tokens=False)["input_ids"]
+    t = Trajectory("sokoban", {}, seed=0, group=0, sample=0, mode="world_model")
+    t.turns = [turn([1, 2, 3], response, 0.0)]
+    (kept_in,) = turn_samples([t])
+    assert kept_in.loss_mask is None and kept_in.loss_tokens == len(response)
+    (out,) = turn_samples([t], tokenizer, state_tokens_in_loss=False)
+    assert tokenizer.decode([i for i, keep in zip(response, out.loss_mask) if not keep]) == \
+        "#P#\nPlayer at (0,1).#_#"
+    assert out.loss_tokens == int(out.loss_mask.sum()) < len(response)
+    with pytest.raises(ValueError, match="tokenizer"):
+        turn_samples([t], state_tokens_in_loss=False)
+
+
+def test_tokens_outside_the_loss_mask_get_no_gradient_and_no_entropy(tiny):
+    """Advantages at masked tokens change nothing in the update; entropy and the stats are
+    averaged over the loss tokens only (the masked ones have old log-probs far off, so a
+    ratio over all tokens would be far from 1)."""
+    model, _ = tiny
+    sharp = copy.deepcopy(model)
+    with torch.no_grad():  # a sharper random model: entropies that differ from token to token
+        sharp.get_output_embeddings().weight.mul_(10)
+    mask = torch.tensor([True, False, False, True, True])
+    sample = Sample([1, 2, 3, 40, 41, 42, 43, 44], 3, torch.zeros(5), 0, 0, loss_mask=mask)
+    with torch.no_grad():
+        logprobs, entropy, _ = policy_forward(sharp, *collate([sample], 0))
+    sample.old_logprobs = torch.where(mask, logprobs[0], logprobs[0] - 3.0)
+
+    def run(masked_advantage):
+        policy = copy.deepcopy(sharp)
+        sample.advantages = torch.where(mask, torch.tensor([1.0, 0, 0, -0.5, 2.0]), torch.tensor(masked_advantage))
+        config = PPOConfig(algorithm="grpo", minibatch_size=1, micro_batch_size=1, precision="fp32")
+        optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
+        stats = update_actor(policy, None, optimizer, [sample], local_table([sample], config.aggregation), config,
+                             0, torch.autocast("cpu", enabled=False), np.random.default_rng(0))
+        return policy, stats
+
+    a, stats = run(0.0)
+    b, _ = run(1e4)
+    for x, y in zip(a.parameters(), b.parameters()):
+        assert torch.equal(x, y)
+    assert stats["actor/entropy"] == pytest.approx(entropy[0][mask].mean().item(), rel=1e-5)
+    assert stats["actor/entropy"] != pytest.approx(entropy[0].mean().item(), rel=1e-3)
+    assert stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["actor/clipfrac"] == 0.0
+
+
+def test_recompute_applies_the_sampling_temperature(tiny):
+    """The engine samples from softmax(logits / T) and records those log-probs; the
+    trainer's recompute must give the same numbers (fp32: to float precision)."""
+    model, tokenizer = tiny
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Go."}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    (generation,) = Engine(model, tokenizer).generate([prompt], SamplingParams(max_new_tokens=12, temperature=0.7,
+                                                                               stop=(), seed=3))
+    sample = Sample(prompt + generation.token_ids, len(prompt), torch.tensor(generation.logprobs), 0, 0)
+    with torch.no_grad():
+        logprobs, _, mask = policy_forward(model, *collate([sample], 0), temperature=0.7)
+        raw, _, _ = policy_forward(model, *collate([sample], 0))
+    assert logprobs[mask].tolist() == pytest.approx(generation.logprobs, abs=1e-4)
+    assert raw[mask].tolist() != pytest.approx(generation.logprobs, abs=1e-2)
+    with pytest.raises(ValueError, match="temperature"):
+        PPOConfig(temperature=0.0)
+
+
 def small_run(algorithm, **overrides):
     config = dict(algorithm=algorithm, steps=2, groups=2, samples=2, keep_fraction=1.0, max_new_tokens=6,
                   minibatch_size=4, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3, save_every=1,
@@ -112,14 +280,16 @@ ROLLOUT = RolloutConfig("sokoban", {}, PromptConfig("state", max_turns=2))
 def test_training_updates_the_policy_and_logs(tiny, tmp_path, algorithm):
     model, tokenizer = tiny
     policy = copy.deepcopy(model)
-    # Scripted answers: in each group one sample pushes a valid move, one writes nonsense,
-    # so rewards differ inside the groups and GRPO has a signal.
-    script = [["<answer>Up</answer>", "nonsense"] * 2] * 4
+    # Scripted answers: in each group one sample makes two valid moves a turn (-0.1 a step),
+    # one writes nonsense (-0.1 a turn), so rewards differ inside the groups and GRPO has a
+    # signal. (One move a turn would score -0.1 too: flat groups, dropped.)
+    script = [["<answer>Up || Down</answer>", "nonsense"] * 2] * 4
     history = train(policy, tokenizer, ROLLOUT, small_run(algorithm), tmp_path, progress=False,
                     engine=ScriptedEngine(tokenizer, script))
     assert [h["step"] for h in history] == [1, 2]
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
-    for key in ("rollout/reward_mean", "rollout/pass@1", "actor/approx_kl", "actor/clipfrac", "actor/entropy"):
+    for key in ("rollout/reward_mean", "rollout/pass@1", "actor/approx_kl", "actor/clipfrac", "actor/entropy",
+                "actor/ratio_mean", "actor/first_ratio", "actor/first_clipfrac"):
         assert key in history[0]
     assert ("critic/value_loss" in history[0]) == (algorithm == "ppo")
     changed = any(not torch.equal(a, b) for a, b in zip(policy.parameters(), model.parameters()))
@@ -127,17 +297,57 @@ def test_training_updates_the_policy_and_logs(tiny, tmp_path, algorithm):
     assert resume_point(tmp_path) is not None
 
 
+def test_a_step_with_only_flat_groups_skips_the_update(tiny, tmp_path):
+    """Every sample writes nonsense: all groups are flat, nothing is trained, and the step
+    is still logged (kept_groups 0, rollout metrics) and checkpointed."""
+    model, tokenizer = tiny
+    policy = copy.deepcopy(model)
+    history = train(policy, tokenizer, ROLLOUT, small_run("ppo", steps=1), tmp_path, progress=False,
+                    engine=ScriptedEngine(tokenizer, [["nonsense"] * 4] * 2))
+    (step,) = history
+    assert step["charts/kept_groups"] == 0 and step["charts/train_turns"] == 0
+    assert step["rollout/reward_mean"] == pytest.approx(-0.2)
+    assert not any(k.startswith(("actor/", "critic/")) for k in step)
+    for a, b in zip(policy.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert resume_point(tmp_path) is not None
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["charts/kept_groups"] == 0
+
+
+def test_first_minibatch_ratio_is_one_at_a_sampling_temperature(tiny, tmp_path):
+    """Real engine at T = 0.7, fp32 everywhere: before any optimizer step the trainer's
+    log-probs are the sampler's, so the first minibatch's ratio is 1 and nothing is clipped."""
+    model, tokenizer = tiny
+    history = train(copy.deepcopy(model), tokenizer, ROLLOUT,
+                    small_run("grpo", steps=1, temperature=0.7, drop_flat_groups=False), tmp_path, progress=False)
+    assert history[0]["actor/first_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert history[0]["actor/first_clipfrac"] == 0.0
+
+
+def test_world_model_training_runs_with_the_state_tokens_out_of_the_loss(tiny, tmp_path):
+    model, tokenizer = tiny
+    rollout_config = RolloutConfig("sokoban", {}, PromptConfig("world_model", max_turns=1))
+    good = wm("Up || Down", "#####\n#_P_#\nPlayer at (1,2).", "#####\n#_P_#\nPlayer at (1,2).")
+    policy = copy.deepcopy(model)
+    history = train(policy, tokenizer, rollout_config, small_run("ppo", steps=1), tmp_path, progress=False,
+                    engine=ScriptedEngine(tokenizer, [[good, "nonsense"] * 2]))
+    assert history[0]["charts/kept_groups"] == 2 and "actor/first_ratio" in history[0]
+    assert any(not torch.equal(a, b) for a, b in zip(policy.parameters(), model.parameters()))
+
+
 def test_resume_gives_the_uninterrupted_result(tiny, tmp_path):
+    # The random tiny model never scores: its groups are flat, kept here so that it trains.
     model, tokenizer = tiny
     straight = copy.deepcopy(model)
-    train(straight, tokenizer, ROLLOUT, small_run("ppo"), tmp_path / "a", progress=False)
+    train(straight, tokenizer, ROLLOUT, small_run("ppo", drop_flat_groups=False), tmp_path / "a", progress=False)
     first = copy.deepcopy(model)
-    train(first, tokenizer, ROLLOUT, small_run("ppo", steps=1), tmp_path / "b", progress=False)
+    train(first, tokenizer, ROLLOUT, small_run("ppo", steps=1, drop_flat_groups=False), tmp_path / "b", progress=False)
     from transformers import AutoModelForCausalLM
 
     checkpoint = resume_point(tmp_path / "b")
     resumed = AutoModelForCausalLM.from_pretrained(checkpoint / "policy", dtype=torch.float32)
-    train(resumed, tokenizer, ROLLOUT, small_run("ppo"), tmp_path / "b", resume_from=checkpoint, progress=False)
+    train(resumed, tokenizer, ROLLOUT, small_run("ppo", drop_flat_groups=False), tmp_path / "b", resume_from=checkpoint, progress=False)
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(straight.parameters(), model.parameters()))
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2]

@@ -9,11 +9,19 @@ Advantages are computed per *episode*: the response tokens of its turns, in orde
 one chain, so with gamma = lambda = 1 and the episode reward on the last token of the last
 turn, every token of the episode sees that reward (the paper's setting). GRPO instead gives
 every token of an episode the episode's group-normalised score.
+
+In world-model mode most of a response is state text: a FrozenLake turn averages about
+126 tokens, 95 of them inside ``<observation>`` and ``<prediction>``, and about 3 of them
+actions. Under a token-mean loss those tokens would carry the action's advantage and
+swamp its gradient, so ``turn_samples`` can leave them out of the policy loss
+(:func:`state_token_mask`; ``PPOConfig.state_tokens_in_loss``). The critic still values
+every response token: the GAE chain is unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -23,6 +31,7 @@ from spa.models.shared_prefix import hidden_states
 from spa.rl import core
 
 REWARD_PLACEMENTS = ("episode", "turn")
+STATE_TAGS = ("observation", "prediction")
 
 
 @dataclass
@@ -37,21 +46,103 @@ class Sample:
     advantages: Tensor | None = None  # (R,)
     returns: Tensor | None = None  # (R,) critic targets (PPO only)
     old_values: Tensor | None = None  # (R,) critic values at rollout time (PPO only)
+    loss_mask: Tensor | None = None  # (R,) bool: the response tokens in the policy loss; None: all
 
     @property
     def response_length(self) -> int:
         return len(self.ids) - self.start
 
+    @property
+    def loss_tokens(self) -> int:
+        """How many response tokens the policy loss reads."""
+        return self.response_length if self.loss_mask is None else int(self.loss_mask.sum())
 
-def turn_samples(trajectories: list[Trajectory]) -> list[Sample]:
-    """One Sample per assistant turn that produced at least one token."""
+
+def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in_loss: bool = True
+                 ) -> list[Sample]:
+    """One Sample per assistant turn that produced at least one token.
+
+    With ``state_tokens_in_loss=False`` each Sample's ``loss_mask`` leaves the contents of
+    its ``<observation>`` and ``<prediction>`` blocks out of the policy loss
+    (:func:`state_token_mask`, which decodes with ``tokenizer``).
+    """
+    if not state_tokens_in_loss and tokenizer is None:
+        raise ValueError("leaving the state tokens out of the loss needs the tokenizer to find them")
     samples = []
     for e, trajectory in enumerate(trajectories):
         for k, turn in enumerate(trajectory.turns):
             if turn.response_ids:
+                mask = None if state_tokens_in_loss else state_token_mask(list(turn.response_ids),
+                                                                          _decoder(tokenizer))
                 samples.append(Sample(list(turn.prompt_ids) + list(turn.response_ids), len(turn.prompt_ids),
-                                      torch.tensor(turn.logprobs, dtype=torch.float32), e, k))
+                                      torch.tensor(turn.logprobs, dtype=torch.float32), e, k, loss_mask=mask))
     return samples
+
+
+def state_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of the contents of the first closed
+    ``<observation>...</observation>`` and ``<prediction>...</prediction>`` of ``text``
+    (where ``parse_response`` reads them in a well-formed response), tags excluded."""
+    spans = []
+    for tag in STATE_TAGS:
+        start = text.find(f"<{tag}>")
+        end = text.find(f"</{tag}>", start) if start >= 0 else -1
+        if end >= 0:
+            spans.append((start + len(tag) + 2, end))
+    return spans
+
+
+def state_token_mask(response_ids: list[int], decode: Callable[[list[int]], str]) -> Tensor:
+    """(R,) bool over the response tokens: False on the tokens that lie wholly inside an
+    observation or prediction block's contents (:func:`state_spans`), True elsewhere (the
+    tags, the reasoning, the answer, and any token that straddles a tag and the state).
+
+    Token k covers the characters ``[c_k, c_{k+1})`` with ``c_k = len(decode(ids[:k]))``:
+    decoding a prefix gives a prefix of the text (a character split across tokens decodes
+    to one replacement character, of the same length), so ``c_k`` grows with k and each
+    span's first and last token are found by bisection, about 4 log2(R) prefix decodes
+    per response instead of R. ``decode(ids) -> str`` is the tokenizer's decode.
+    """
+    keep = torch.ones(len(response_ids), dtype=torch.bool)
+    if not response_ids:
+        return keep
+    text = decode(response_ids)
+
+    def boundary(k: int) -> int:  # c_k
+        return len(decode(response_ids[:k])) if k else 0
+
+    def first_at_or_after(pos: int) -> int:  # the smallest k with c_k >= pos
+        lo, hi = 0, len(response_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if boundary(mid) < pos else (lo, mid)
+        return lo
+
+    def last_at_or_before(pos: int) -> int:  # the largest k with c_k <= pos
+        lo, hi = 0, len(response_ids)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if boundary(mid) <= pos else (lo, mid - 1)
+        return lo
+
+    for start, end in state_spans(text):
+        first, stop = first_at_or_after(start), last_at_or_before(end)
+        if first < stop:
+            keep[first:stop] = False
+    return keep
+
+
+def _decoder(tokenizer) -> Callable[[list[int]], str]:
+    """The tokenizer's decode with nothing dropped or re-spaced, so prefixes stay prefixes."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def loss_masks(samples: list[Sample]) -> Tensor:
+    """(B, R_max) bool: each sample's ``loss_mask`` (all its response tokens where None), right-padded
+    with False like :func:`pad_responses`."""
+    masks = [torch.ones(s.response_length, dtype=torch.bool) if s.loss_mask is None else s.loss_mask
+             for s in samples]
+    return pad_responses([m.float() for m in masks])[0].bool()
 
 
 def collate(samples: list[Sample], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -98,11 +189,19 @@ def hidden_before_targets(decoder, ids: Tensor, attention: Tensor, targets: Tens
     return hidden[:, :-1][targets[:, offset + 1:]]
 
 
-def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entropy: bool = True
-                   ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Log-probs of the response tokens (B, R), their entropies (B, R) or None, and the mask."""
+def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entropy: bool = True,
+                   temperature: float = 1.0) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Log-probs of the response tokens (B, R), their entropies (B, R) or None, and the mask.
+
+    Both are those of the sampling distribution ``softmax(logits / temperature)``, as the
+    engine's recorded log-probs are: at T != 1 the raw logits would put the PPO ratio off
+    1 before any update (T = 0.7: ratio 0.944, clipfrac 0.073). Top-p truncation is not
+    reproduced (the RL stage samples with top_p = 1).
+    """
     hidden = hidden_before_targets(model.get_decoder(), ids, attention, targets)
     logits = model.get_output_embeddings()(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][targets[:, 1:]][:, None])[:, 0]
     lengths = targets.sum(1).tolist()
     logprobs, mask = _unflatten(logprobs, lengths)

@@ -28,7 +28,7 @@ from torch import Tensor
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "broadcast_to_tokens",
     "entropy_from_logits", "explained_variance", "gae", "get", "group_advantages", "kl_penalty",
-    "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss",
+    "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss", "whiten_with",
 ]
 
 
@@ -66,10 +66,22 @@ def _masked_var(x: Tensor, mask: Tensor) -> Tensor:
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """(x - mu) / sqrt(var + eps) with mu, var (population) over the masked positions of the
     whole tensor; with shift_mean=False the mean is added back (scale only). 0 where masked."""
-    mu, var = masked_mean(x, mask), _masked_var(x, mask)
-    y = (x.to(_up(x)) - mu) * torch.rsqrt(var + eps)
+    return whiten_with(x, mask, masked_mean(x, mask), _masked_var(x, mask), shift_mean, eps)
+
+
+def whiten_with(x: Tensor, mask: Tensor, mean: Tensor | float, var: Tensor | float, shift_mean: bool = True,
+                eps: float = 1e-8) -> Tensor:
+    """masked_whiten's transform with the moments given: (x - mean) / sqrt(var + eps) on the
+    masked positions (+ mean again with shift_mean=False), 0 elsewhere.
+
+    For moments gathered elsewhere: the PPO trainer whitens one step's advantages with the
+    mean and variance of all processes' tokens. x, mask: broadcastable; mean, var: scalars.
+    """
+    dtype = _up(x)
+    mean, var = torch.as_tensor(mean, dtype=dtype), torch.as_tensor(var, dtype=dtype)
+    y = (x.to(dtype) - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
-        y = y + mu
+        y = y + mean
     return torch.where(mask.bool(), y, 0.0)
 
 

@@ -1,17 +1,21 @@
 """PPO with a critic, and GRPO, for multi-turn text agents.
 
 One loop, top to bottom, per step: roll out ``groups`` training seeds x ``samples``
-episodes; keep the groups whose rewards vary most (the others teach little: every
-sample of a group scored the same); compute advantages (critic + GAE for PPO, group
-normalised scores for GRPO); update the actor (and the critic) on minibatches of turns
-with gradient accumulation; log; evaluate every ``eval_every`` steps; checkpoint.
+episodes; drop the groups whose samples all scored the same (they teach nothing) and
+keep those whose rewards vary most (a step with none left skips the update); compute
+advantages (critic + GAE for PPO, whitened over the step; group normalised scores for
+GRPO); update the actor (and the critic) on minibatches of turns with gradient
+accumulation, the policy loss on the response tokens outside ``<observation>`` and
+``<prediction>`` by default; log; evaluate every ``eval_every`` steps; checkpoint.
 
 Defaults are the paper's PPO settings (DESIGN.md): actor lr 1e-6, critic lr 1e-5,
 gamma = lambda = 1, clip 0.2 / 0.28, dual clip 3, value clip 0.5, entropy 1e-3, KL 0,
 1 PPO epoch, 32 groups x 8 samples, keep 25% of the groups, episode reward on the last
-token. Old log-probs are the rollout's sampling log-probs (the engine decodes in the
-compute precision from the fp32 master weights: with bf16 the first ratio is close to,
-not exactly, 1; in fp32 it is 1).
+token. Old log-probs are the rollout's sampling log-probs at the sampling temperature,
+which the recompute applies too (the engine decodes in the compute precision from the
+fp32 master weights: with bf16 the first ratio is close to, not exactly, 1; in fp32 it
+is 1; ``actor/first_ratio`` shows it). Departures, each a switch: whitened PPO
+advantages (verl's default), flat groups dropped, state text out of the policy loss.
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step; the seeds, sampling and minibatch order of a step depend only
@@ -47,8 +51,8 @@ from spa.io import atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
-from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, pad_responses,
-                          policy_forward, turn_samples)
+from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, loss_masks,
+                          pad_responses, policy_forward, turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
 
@@ -66,6 +70,10 @@ class PPOConfig:
     groups: int = 32  # training seeds per step (paper: 32)
     samples: int = 8  # episodes per seed (paper: 8)
     keep_fraction: float = 0.25  # share of groups kept, highest reward std first (paper: 0.25)
+    drop_flat_groups: bool = field(default=True, metadata={"help": (
+        "Drop the groups whose samples all scored the same (reward std <= 1e-8) before keep_fraction "
+        "picks among the rest: they carry no signal, only critic error. A step left with no group "
+        "skips the update (charts/kept_groups 0).")})
     reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
@@ -83,7 +91,20 @@ class PPOConfig:
     minibatch_size: int = 32  # turns per optimizer step
     micro_batch_size: int = 4  # turns per forward/backward
     max_grad_norm: float = 1.0
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata={"help": (
+        "Sampling temperature (> 0). The trainer's log-probs and entropy use logits / temperature, "
+        "as the sampler's do. Top-p is not offered: the recompute cannot reproduce the truncation.")})
+    whiten_advantages: bool = field(default=True, metadata={"help": (
+        "PPO: whiten the step's advantages (zero mean, unit variance over the policy-loss tokens of "
+        "all processes), as verl does by default. GRPO is left as is: its group normalisation already "
+        "scales the advantages, and a token-weighted shift would flip the sign of near-mean episodes "
+        "by their length (and undo grpo_no_std's choice not to divide by the std).")})
+    state_tokens_in_loss: bool = field(default=False, metadata={"help": (
+        "False: the tokens inside <observation> and <prediction> get no policy-gradient loss (nor "
+        "entropy bonus); the tags, the reasoning and the answer keep it. In world_model mode they "
+        "are about 95 of 126 response tokens, which would otherwise all carry the action's "
+        "advantage. True trains them too (VAGEN, whose rewards pay for those states). The critic "
+        "values every token either way.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
@@ -108,7 +129,7 @@ class PPOConfig:
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
-                  "reward": self.reward in REWARD_PLACEMENTS}
+                  "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
@@ -122,8 +143,18 @@ def group_spread(trajectories: list[Trajectory]) -> dict[int, float]:
     return {g: float(np.std([t.total_reward for t in ts])) for g, ts in groups.items()}
 
 
-def top_groups(spread: dict[int, float], fraction: float) -> set[int]:
-    """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first)."""
+#: A group whose reward std is at most this is flat: its samples all scored the same.
+FLAT_SPREAD = 1e-8
+
+
+def top_groups(spread: dict[int, float], fraction: float, drop_flat: bool = True) -> set[int]:
+    """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first).
+
+    With ``drop_flat`` the flat groups (spread <= FLAT_SPREAD) go first and the fraction is
+    of the remaining ones; none may remain (an empty set).
+    """
+    if drop_flat:
+        spread = {g: s for g, s in spread.items() if s > FLAT_SPREAD}
     n = max(1, math.ceil(fraction * len(spread)))
     return set(sorted(spread, key=lambda g: (-spread[g], g))[:n])
 
@@ -176,9 +207,9 @@ def _minibatches(samples: list[Sample], table: list[Entry], config: PPOConfig, r
 
 
 def _units(samples: list[Sample], aggregation: str) -> int:
-    """What the aggregation averages over: tokens for token-mean, sequences otherwise.
-    Weighting each micro-batch by its share makes accumulation equal one big batch."""
-    return sum(s.response_length for s in samples) if aggregation == "token-mean" else len(samples)
+    """What the aggregation averages over: policy-loss tokens for token-mean, sequences
+    otherwise. Weighting each micro-batch by its share makes accumulation equal one big batch."""
+    return sum(s.loss_tokens for s in samples) if aggregation == "token-mean" else len(samples)
 
 
 def _on_device(tensors, model) -> list[torch.Tensor]:
@@ -198,25 +229,33 @@ def _optimizer_step(params, optimizer, max_norm: float) -> float:
 
 def update_actor(policy, reference, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
                  pad_id: int, autocast, rng: np.random.Generator) -> dict:
-    """PPO clipped policy loss - entropy bonus (+ KL to the reference), over minibatches."""
+    """PPO clipped policy loss - entropy bonus (+ KL to the reference), over minibatches.
+
+    The loss, the entropy and the stats cover each sample's ``loss_mask`` tokens. Besides
+    the averages over all minibatches, ``actor/first_ratio`` and ``actor/first_clipfrac``
+    are those of the first minibatch, before any optimizer step: how far the trainer's
+    log-probs are from the sampler's (1 and 0 when they agree).
+    """
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
     totals: dict[str, float] = {}
-    count, norms = 0, []
-    for micro_batches, total in _minibatches(samples, table, config, rng):
+    first: dict[str, float] = {}
+    count, first_count, norms = 0, 0, []
+    for index, (micro_batches, total) in enumerate(_minibatches(samples, table, config, rng)):
         for mb in micro_batches:
             batch = _on_device(collate(mb, pad_id), policy)
             with autocast:
-                logprobs, entropy, mask = policy_forward(policy, *batch)
-            old, adv = _on_device([pad_responses([s.old_logprobs for s in mb])[0],
-                                   pad_responses([s.advantages for s in mb])[0]], policy)
+                logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
+            old, adv, in_loss = _on_device([pad_responses([s.old_logprobs for s in mb])[0],
+                                            pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
+            mask = mask & in_loss
             loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
                                            config.dual_clip, config.aggregation)
             ent = core.aggregate(entropy, mask, config.aggregation)
             loss = loss - config.entropy_coef * ent
             if reference is not None:
                 with torch.no_grad(), autocast:
-                    ref, _, _ = policy_forward(reference, *batch, entropy=False)
+                    ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
                 kl = core.aggregate(core.kl_penalty(logprobs, ref, config.kl_estimator), mask, config.aggregation)
                 loss = loss + config.kl_coef * kl
                 stats["kl_ref"] = kl.item()
@@ -226,9 +265,15 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v * n
             count += n
+            if index == 0:
+                first["ratio"] = first.get("ratio", 0.0) + stats["ratio_mean"] * n
+                first["clipfrac"] = first.get("clipfrac", 0.0) + stats["clipfrac"] * n
+                first_count += n
         norms.append(_optimizer_step(params, optimizer, config.max_grad_norm))
     totals, count = distributed.sum_stats(totals, count)
+    first, first_count = distributed.sum_stats(first, first_count)
     stats = {f"actor/{k}": v / max(count, 1) for k, v in totals.items()}
+    stats.update({f"actor/first_{k}": v / max(first_count, 1) for k, v in first.items()})
     return {**stats, "actor/grad_norm": float(np.mean(norms)) if norms else 0.0}
 
 
@@ -260,8 +305,9 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     """Fill the samples' advantages (and, with a critic, old values and returns).
 
     Local to each process: GAE runs along one episode, GRPO normalises within one group,
-    and both live whole on one process. With a critic, returns the explained variance
-    over all processes' turns.
+    and both live whole on one process. With a critic, the advantages are then whitened
+    over the step (``whiten_advantages``; the moments are global), and the explained
+    variance over all processes' turns is returned.
     """
     if critic is None:
         if samples:
@@ -276,9 +322,33 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
         s.old_values = v.float().cpu()
     if samples:
         critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
+    if config.whiten_advantages:
+        whiten_advantages(samples)
     v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
     r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
     return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
+def whiten_advantages(samples: list[Sample], eps: float = 1e-8) -> None:
+    """Whiten the advantages of the step in place: (A - mean) / sqrt(var + eps), with the
+    mean and the (population) variance over the policy-loss tokens of every process.
+
+    One process gets ``core.masked_whiten`` over its padded (B, R) advantages and loss
+    masks (to float rounding: the moments are summed in float64); several get what one
+    process holding all the samples would (two reductions: the mean, then the squared
+    deviations from it). The tokens outside the loss get the same affine map (never
+    read). The returns (the critic's targets) are not touched. Every process must call
+    it, with or without samples.
+    """
+    adv, _ = pad_responses([s.advantages for s in samples])
+    mask = loss_masks(samples)
+    count, total = distributed.total(float(mask.sum()), float(core.masked_sum(adv, mask)))
+    mean = total / max(count, 1)
+    (squares,) = distributed.total(float(core.masked_sum((adv.double() - mean) ** 2, mask)))
+    var = squares / max(count, 1)
+    for s in samples:
+        s.advantages = core.whiten_with(s.advantages, torch.ones_like(s.advantages, dtype=torch.bool), mean, var,
+                                        eps=eps)
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict:
@@ -378,21 +448,25 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             if turn_reward is not None:
                 metrics["rollout/shaping_reward"] = shape_rewards(trajectories, turn_reward)
             rollout_seconds = time.perf_counter() - began
-            # 2. Keep the groups whose samples disagree most (ranked over all processes' groups).
+            # 2. Drop the flat groups, keep those whose samples disagree most (ranked over all
+            # processes' groups).
             kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
-                                  config.keep_fraction)
+                                  config.keep_fraction, config.drop_flat_groups)
             kept = [t for t in trajectories if t.group in kept_ids]
-            samples = turn_samples(kept)
+            samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
             table = sample_table(samples, kept, config.aggregation)
-            # 3. Advantages, where the episodes are: whole groups live on one process.
-            metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
-            # 4. Update.
-            rng = np.random.default_rng([config.seed, step])
-            metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id, autocast,
-                                        rng))
-            if critic is not None:
-                metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id, autocast,
-                                             np.random.default_rng([config.seed, step, 1])))
+            # Every process sees the same kept_ids: with no group left (all flat), all skip
+            # the update together; the step is still logged and checkpointed.
+            if kept_ids:
+                # 3. Advantages, where the episodes are: whole groups live on one process.
+                metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
+                # 4. Update.
+                rng = np.random.default_rng([config.seed, step])
+                metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id,
+                                            autocast, rng))
+                if critic is not None:
+                    metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id, autocast,
+                                                 np.random.default_rng([config.seed, step, 1])))
             # 5. Log, evaluate, checkpoint.
             seconds = time.perf_counter() - began
             tokens = sum(e.tokens for e in table)
@@ -410,7 +484,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                     save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
                 distributed.wait()
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:+.2f}  "
-                                                  f"success {metrics['rollout/success']:.0%}")
+                                                  f"success {metrics['rollout/success']:.0%}"
+                                                  + ("" if kept_ids else "  no group with spread: no update"))
     logger.close()
     return history
 
