@@ -1,4 +1,4 @@
-"""The generation benchmark runs end to end on the tiny model and prints its JSON."""
+"""The benchmarks run end to end on the tiny model and print their JSON."""
 
 import json
 import subprocess
@@ -6,6 +6,12 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "generation.py"
+RL_BENCH = BENCH.with_name("rl_step.py")
+
+
+def bench_json(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout
+    return json.loads(out[out.index("{"):])
 
 
 def test_generation_bench_prints_ratio_and_profile():
@@ -22,3 +28,44 @@ def test_generation_bench_prints_ratio_and_profile():
     # host_other is the run's time outside the labelled phases: a label counted twice, or
     # nested in another, would make it negative
     assert profile["phases_s"]["host_other"] >= -0.005
+
+
+def test_rl_step_bench_times_both_paths_from_a_cached_bootstrap(tmp_path, monkeypatch):
+    from spa import precision
+    from spa.models.loading import default_model_path
+
+    # a fresh cache root, so the bootstrap is built here, not in the user's cache; the
+    # converted default model (the tiny model's tokenizer) is shared through a link
+    real_models = default_model_path().parent
+    (tmp_path / "models").symlink_to(real_models, target_is_directory=True)
+    monkeypatch.setenv("SPA_HOME", str(tmp_path))
+    small = [sys.executable, str(RL_BENCH), "--model", "tiny", "--steps", "1", "--groups", "2", "--samples", "2",
+             "--max-turns", "1", "--bootstrap-episodes", "2", "--max-new-tokens", "8"]
+    # the tiny model never writes the format: train its flat groups too, so every phase runs
+    result = bench_json(small + ["--baseline-set", "max_new_tokens=16", "--spa-set", "drop_flat_groups=false"])
+    assert result["dtype"] == precision.resolve("auto", "cpu").name and result["dtype_reason"]
+    assert result["cpu_capability"] == precision.cpu_capability() and "cpu_native_bf16" in result
+    assert result["start"]["kind"] == "bootstrap" and not result["start"]["cached"]
+    assert result["start"]["modes"] == ["world_model", "base"] and result["start"]["examples"] == 4
+    assert Path(result["start"]["path"]).parent == tmp_path / "bench"
+    assert result["episodes"]["per_step"] == 4 and result["steps"] == {"warmup": 1, "timed": 1}
+    base, spa = result["configs"]["baseline"], result["configs"]["spa"]
+    assert base["settings"]["algorithm"] == "ppo" and base["settings"]["mode"] == "world_model"
+    assert base["settings"]["state_tokens_in_loss"] and not base["settings"]["drop_flat_groups"]
+    assert spa["settings"]["algorithm"] == "grpo" and spa["settings"]["mode"] == "base"
+    assert (base["settings"]["max_new_tokens"], spa["settings"]["max_new_tokens"]) == (16, 8)
+    phases = {"rollout", "old_logprobs", "advantages", "actor_update", "critic_update", "other"}
+    for side in (base, spa):
+        assert set(side["phases_s"]) == phases and side["phases_s"]["old_logprobs"] == 0
+        assert side["phases_s"]["rollout"] > 0 and side["phases_s"]["actor_update"] > 0
+        # "other" is the step's time outside the timed phases: a phase counted twice makes it negative
+        assert side["phases_s"]["other"] >= -0.005
+        assert side["episodes_per_hour"] > 0 and side["updated_steps"] == 1 and "note" not in side
+        assert 0 < side["generated_tokens_per_step"] <= 4 * side["settings"]["max_new_tokens"]
+        assert side["trained_tokens_per_step"] > side["generated_tokens_per_step"]  # prompts + responses
+    assert base["phases_s"]["critic_update"] > 0 and spa["phases_s"]["critic_update"] == 0
+    assert result["speedup"] > 0 and result["warnings"] == []
+    # the bootstrap is reused, and one side alone gives no ratio
+    again = bench_json(small + ["--only", "spa"])
+    assert again["start"]["cached"] and again["start"]["path"] == result["start"]["path"]
+    assert set(again["configs"]) == {"spa"} and again["speedup"] is None
