@@ -10,10 +10,19 @@ tokens per sequence: eos and stop strings are disabled (``min_new_tokens`` for
 generated tokens are counted; the time includes prefill. Each side first runs a tiny
 warm-up call, not timed; with ``--repeats`` the two alternate and medians are reported.
 
-    python bench/generation.py                      # SmolLM2-135M bf16, batch 64, 128 tokens
+    python bench/generation.py                      # SmolLM2-135M, batch 64, 128 tokens
+    python bench/generation.py --dtype fp32         # force a precision (default: auto)
     python bench/generation.py --skip-hf            # the engine only
     python bench/generation.py --model tiny --dtype fp32 --new-tokens 16   # smoke run
     python bench/generation.py --skip-hf --profile  # and where the engine's time goes
+    python bench/generation.py --model DIR --random-init --device cuda     # a GPU, random weights
+
+The precision is ``auto`` unless ``--dtype`` says otherwise: bf16 where the hardware
+computes it natively, fp32 elsewhere (``spa.precision``); the JSON names the precision
+used, why, and torch's CPU capability. ``--random-init`` builds the model from DIR's
+``config.json`` with random weights (DIR needs only the config and tokenizer files),
+for machines the real weights cannot reach; throughput does not depend on the weights
+(both sides generate exactly ``--new-tokens`` tokens).
 
 ``--profile`` runs the engine once more under ``torch.profiler`` and adds a breakdown:
 seconds in prefill, decode steps, sampling and the rest (host bookkeeping: stop
@@ -39,7 +48,8 @@ import time
 
 import torch
 
-from spa.models import load_model
+from spa import precision
+from spa.models import llama_decoder, load_model
 from spa.models.engine import Engine, SamplingParams
 
 SYSTEM_PROMPT = """You are an agent playing Sokoban. Push every box onto a target.
@@ -56,6 +66,22 @@ Rules:
 Coordinates are 0-indexed (row, column) from the top-left corner.
 
 Format: think inside <think></think>; there, restate the current state inside <observation></observation>, reason about your moves, and give the state you expect after them inside <prediction></prediction>. Then give your actions inside <answer></answer>."""
+
+
+def load_bench_model(name: str, dtype: torch.dtype, device: str, random_init: bool):
+    """The model and tokenizer: loaded, or (``random_init``) built from the folder's config."""
+    if not random_init:
+        return load_model(name, dtype=dtype, device=device)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from spa.models.loading import prepare_tokenizer
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(name)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(name))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
 
 
 def make_state(rng: random.Random, turn: int) -> str:
@@ -112,6 +138,8 @@ def run_hf(model, tokenizer, prompts, new_tokens: int, seed: int) -> float:
             min_new_tokens=new_tokens,
             pad_token_id=tokenizer.pad_token_id,
         )
+    if out.is_cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     assert out.shape[1] - enc["input_ids"].shape[1] == new_tokens
     return seconds
@@ -178,13 +206,18 @@ def summary(seconds: list[float], generated: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="auto", help="auto (default), bf16, fp16 or fp32")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--random-init", action="store_true",
+                        help="random weights of MODEL's architecture (MODEL: a folder with config.json)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (medians)")
     parser.add_argument("--skip-hf", action="store_true", help="time the engine only")
+    parser.add_argument("--no-pack", action="store_true",
+                        help="the engine's linear layers unpacked (F.linear), the path before fp32 prepacking")
     parser.add_argument(
         "--profile", action="store_true", help="add where the engine's time goes (one more run)"
     )
@@ -192,7 +225,11 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    if args.no_pack:
+        llama_decoder.PACK = False
+    chosen = precision.resolve(args.dtype, args.device)
+    precision.announce(chosen)
+    model, tokenizer = load_bench_model(args.model, chosen.dtype, args.device, args.random_init)
     prompts = make_prompts(tokenizer, args.batch, args.seed)
     lengths = [len(p) for p in prompts]
     engine = Engine(model, tokenizer, max_batch_size=args.batch)
@@ -209,8 +246,14 @@ def main() -> None:
             hf_s.append(run_hf(model, tokenizer, prompts, args.new_tokens, args.seed))
     result = {
         "model": args.model,
-        "dtype": args.dtype,
+        "dtype": chosen.name,
+        "dtype_reason": chosen.reason,
+        "cpu_capability": precision.cpu_capability(),
+        "cpu_native_bf16": precision.cpu_has_native_bf16(),
         "device": str(model.device),
+        "gpu": torch.cuda.get_device_name() if model.device.type == "cuda" else None,
+        "random_init": args.random_init,
+        "packed_linear": not args.no_pack,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),

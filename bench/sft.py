@@ -2,7 +2,8 @@
 
 Baseline: batches of ``--batch-size`` examples in random order, right-padded to the
 longest, loss from ``model(input_ids, labels=...)`` (logits over the whole sequence),
-bf16 autocast. spa: length-bucketed batches, the system prompt the batch shares run once
+autocast in the compute precision (``--dtype``, default ``auto``: bf16 where the CPU
+computes it natively, else fp32, which is then plain fp32). spa: length-bucketed batches, the system prompt the batch shares run once
 (``spa.models.shared_prefix``) and logits only at the trained positions
 (``spa.worldmodel.sft``). Both run forward + backward + AdamW step on the same examples
 from the same starting weights; tokens/s counts real (non-padding) tokens.
@@ -20,10 +21,12 @@ import copy
 import json
 import resource
 import time
+from functools import partial
 
 import numpy as np
 import torch
 
+from spa import precision
 from spa.models import load_model
 from spa.models.shared_prefix import shared_prefix_length
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
@@ -46,17 +49,17 @@ def run(model, batches, step_fn) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def baseline_step(model, batch):
+def baseline_step(model, batch, compute):
     ids, attention, mask = batch
     labels = ids.masked_fill(~mask, -100)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with compute.autocast("cpu"):
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
     loss.backward()
 
 
-def spa_step(model, batch):
+def spa_step(model, batch, compute):
     ids, attention, mask = batch
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with compute.autocast("cpu"):
         loss, count = masked_lm_loss(model, ids, attention, mask)
     (loss / max(count, 1)).backward()
 
@@ -67,7 +70,10 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="SFT JSONL (default: random-exploration Sokoban data)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=6, help="timed batches per method (+1 warm-up)")
+    parser.add_argument("--dtype", default="auto", help="compute precision: auto (default), bf16, fp16 or fp32")
     args = parser.parse_args()
+    compute = precision.resolve(args.dtype, "cpu")
+    precision.announce(compute)
 
     model, tokenizer = load_model(args.model, dtype="fp32")
     if args.data:
@@ -85,13 +91,17 @@ def main() -> None:
     bucketed = [collate([pool[i] for i in b], pad)
                 for b in length_buckets(lengths, args.batch_size, np.random.default_rng(0))]
 
-    baseline = run(copy.deepcopy(model), padded, baseline_step)
-    ours = run(copy.deepcopy(model), bucketed, spa_step)
+    baseline = run(copy.deepcopy(model), padded, partial(baseline_step, compute=compute))
+    ours = run(copy.deepcopy(model), bucketed, partial(spa_step, compute=compute))
     real = sum(lengths)
     print(json.dumps({
         "benchmark": "sft_train_step",
         "model": args.model,
         "data": args.data or "random-exploration sokoban",
+        "dtype": compute.name,
+        "dtype_reason": compute.reason,
+        "cpu_capability": precision.cpu_capability(),
+        "cpu_native_bf16": precision.cpu_has_native_bf16(),
         "batch_size": args.batch_size,
         "examples": len(pool),
         "mean_length": round(real / len(pool), 1),

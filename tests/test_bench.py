@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "generation.py"
+SFT_BENCH = BENCH.with_name("sft.py")
 RL_BENCH = BENCH.with_name("rl_step.py")
 
 
@@ -17,9 +18,10 @@ def bench_json(cmd: list[str]) -> dict:
 def test_generation_bench_prints_ratio_and_profile():
     cmd = [sys.executable, str(BENCH), "--model", "tiny", "--dtype", "fp32", "--batch", "4",
            "--new-tokens", "4", "--profile"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout
-    result = json.loads(out[out.index("{"):])
+    result = bench_json(cmd)
     assert result["engine"]["path"] == "llama fast path"
+    assert result["dtype"] == "fp32" and result["dtype_reason"] == "asked for"
+    assert result["cpu_capability"] in ("AVX512", "AVX2", "DEFAULT") and result["packed_linear"]
     assert result["speedup"] > 0 and result["hf_generate"]["tokens_per_s"] > 0
     profile = result["engine_profile"]
     assert set(profile["phases_s"]) == {"prefill", "step", "sample", "host_other"}
@@ -28,6 +30,19 @@ def test_generation_bench_prints_ratio_and_profile():
     # host_other is the run's time outside the labelled phases: a label counted twice, or
     # nested in another, would make it negative
     assert profile["phases_s"]["host_other"] >= -0.005
+
+
+def test_benchmarks_choose_the_precision_by_default_and_say_what_they_ran_on():
+    from spa import precision
+
+    expected = precision.resolve("auto", "cpu").name
+    result = bench_json([sys.executable, str(BENCH), "--model", "tiny", "--batch", "2", "--new-tokens", "2",
+                         "--skip-hf", "--no-pack"])
+    assert result["dtype"] == expected and not result["packed_linear"]
+    assert result["cpu_capability"] == precision.cpu_capability()
+    result = bench_json([sys.executable, str(SFT_BENCH), "--model", "tiny", "--batches", "1", "--batch-size", "2"])
+    assert result["dtype"] == expected and result["cpu_capability"] == precision.cpu_capability()
+    assert result["speedup"] > 0
 
 
 def test_rl_step_bench_times_both_paths_from_a_cached_bootstrap(tmp_path, monkeypatch):

@@ -448,3 +448,33 @@ def test_real_model_logprobs_track_hf_forward(smollm):
         reference = logp[torch.arange(len(g.token_ids)), g.token_ids]
         diffs.append((torch.tensor(g.logprobs) - reference).abs())
     assert torch.cat(diffs).mean() < 0.15
+
+
+def test_fp32_linear_layers_are_prepacked_and_agree_with_the_unpacked_path(lm, prompts, monkeypatch):
+    """fp32 decoding prepacks its linear layers for oneDNN (where torch has it); the
+    packed and plain paths give the same greedy tokens and log-probs to rounding."""
+    from spa.models import llama_decoder
+
+    model, tokenizer = lm
+    assert model.dtype == torch.float32
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch was built without oneDNN")
+    weights = llama_decoder.LlamaWeights(model)
+    assert weights.layers[0].qkv.packed is not None and weights.lm_head.packed is not None
+    packed = Engine(model, tokenizer).generate(prompts, GREEDY)
+    monkeypatch.setattr(llama_decoder, "PACK", False)
+    assert llama_decoder.LlamaWeights(model).layers[0].qkv.packed is None
+    plain = Engine(model, tokenizer).generate(prompts, GREEDY)
+    assert [g.token_ids for g in packed] == [g.token_ids for g in plain]
+    for a, b in zip(packed, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_is_packed_only_where_the_cpu_computes_it(monkeypatch):
+    from spa.models import llama_decoder
+
+    weight = torch.randn(8, 8, dtype=torch.bfloat16)
+    monkeypatch.setattr(llama_decoder, "_PACK_WORKS", {})
+    monkeypatch.setattr("spa.precision.cpu_has_native_bf16", lambda: False)
+    assert not llama_decoder._can_pack(weight)
+    assert not llama_decoder._can_pack(weight.half())

@@ -170,7 +170,7 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
 
 
 def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
-    recipe = load_recipe(CONFIGS / "sokoban-vanilla.yaml", preset=str(preset))
+    recipe = load_recipe(CONFIGS / "sokoban-vanilla.yaml", ["selfplay.bootstrap_episodes=0"], preset=str(preset))
     folder = tmp_path / "partial"
     Run(recipe, folder, log=lambda _: None).run(until="eval_base")
     assert list(json.loads((folder / "stages.json").read_text())) == ["eval_base"]
@@ -179,4 +179,16 @@ def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
     Run(recipe, folder, log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
     assert list(stages) == ["eval_base", "rl", "eval_final", "report"]
-    assert stages["rl"]["outputs"]["start"] == recipe.model  # vanilla RL starts from the base model
+    assert stages["rl"]["outputs"]["start"] == recipe.model  # without a bootstrap: the base model
+
+
+def test_plain_rl_starts_from_a_bootstrap_in_its_own_prompt_mode(preset, tmp_path):
+    folder = tmp_path / "vanilla"
+    Run(load_recipe(CONFIGS / "frozenlake-vanilla.yaml", preset=str(preset)), folder, log=lambda _: None).run(
+        until="rl")
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "eval_base", "rl"]
+    assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
+    examples = [json.loads(line) for line in (folder / "data" / "bootstrap.jsonl").read_text().splitlines()]
+    assert examples and all("<observation>" not in e["response"] for e in examples)
+    assert all("<answer>" in e["response"] for e in examples)

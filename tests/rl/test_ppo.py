@@ -42,15 +42,16 @@ def test_group_filter_prefers_the_groups_whose_rewards_vary():
     assert top_groups(spread, 1.0, drop_flat=False) == {0, 1, 2}
 
 
-def test_flat_groups_are_dropped_before_the_fraction_is_taken():
+def test_flat_groups_are_left_out_of_the_kept_fraction():
     """Group 0's samples all scored 1 (and group 3's differ by float noise only): they are
-    dropped, and the fraction is of the two groups left."""
+    left out; the fraction counts all four groups, so half keeps both informative ones."""
     trajectories = [episode(0, [1.0]), episode(0, [1.0], 1), episode(1, [0.0]), episode(1, [5.0], 1),
                     episode(2, [0.0]), episode(2, [1.0], 1), episode(3, [0.1 + 0.2]), episode(3, [0.3], 1)]
     spread = group_spread(trajectories)
     assert 0 < spread[3] < 1e-8
     assert top_groups(spread, 1.0) == {1, 2}
-    assert top_groups(spread, 0.5) == {1}
+    assert top_groups(spread, 0.5) == {1, 2}
+    assert top_groups(spread, 0.25) == {1}
     assert top_groups({0: 0.0, 1: 0.0}, 1.0) == set()
     assert PPOConfig().drop_flat_groups
 

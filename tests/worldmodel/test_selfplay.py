@@ -84,3 +84,30 @@ def test_bad_switch_values_are_errors():
         SelfPlayConfig(states="dream")
     with pytest.raises(ValueError, match="multiple of samples"):
         SelfPlayConfig(episodes=10, samples=8)
+
+
+@pytest.mark.parametrize("mode", ["base", "state"])
+def test_random_exploration_in_a_plain_mode_writes_no_state_text(mode):
+    from spa.agent.parsing import parse_response
+
+    config = SelfPlayConfig(env="frozenlake", env_config=FL, episodes=4, samples=1, max_turns=2,
+                            exploration="random", mode=mode)
+    examples, stats = build_examples(collect(None, None, config), config)
+    assert stats["kept"] == stats["turns"] > 0
+    for example in examples:
+        response = example["response"]
+        assert "<observation>" not in response and "<prediction>" not in response
+        parsed = parse_response(response)
+        assert parsed.format_ok and parsed.actions == example["actions"]
+        system = example["messages"][0]["content"]
+        assert ("<observation>" in system) is False  # the prompt is the plain mode's too
+    world = SelfPlayConfig(env="frozenlake", env_config=FL, episodes=4, samples=1, max_turns=2,
+                           exploration="random")
+    assert "<observation>" in build_examples(collect(None, None, world), world)[0][0]["response"]
+
+
+def test_a_plain_mode_needs_random_exploration():
+    with pytest.raises(ValueError, match="needs exploration='random'"):
+        SelfPlayConfig(env="frozenlake", mode="base")
+    with pytest.raises(ValueError, match="unknown prompt mode 'planner'"):
+        SelfPlayConfig(env="frozenlake", mode="planner", exploration="random")

@@ -21,8 +21,8 @@ network, reading the Hugging Face module weights (so it always uses the model's
   (concatenated), which is exactly attention to the concatenated keys.
 * **Grouped-query attention as batched matmuls**: queries of the ``G`` heads that share
   a kv-head are stacked as the rows of one matmul, so K/V are never repeated.
-* **Fused QKV and gate/up projections**, prepacked for oneDNN on CPUs with bf16
-  support, rebuilt for every ``generate()`` call (~0.1 s for SmolLM2-135M).
+* **Fused QKV and gate/up projections**, prepacked for oneDNN (fp32, and bf16 on CPUs
+  with native bf16), rebuilt for every ``generate()`` call (~0.1 s for SmolLM2-135M).
 * **Prefill in micro-batches sorted by length** (little padding, attention scores
   that fit in cache), and identical prompts (samples of one prompt) prefilled once.
 * **Batch compaction**: the caller drops finished rows with :meth:`LlamaSession.keep`.
@@ -200,10 +200,11 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 class _Linear:
     """``y = x W^T + b``, with W prepacked for oneDNN when that is faster.
 
-    On CPUs with AVX-512 BF16, oneDNN's linear on a weight reordered once into its
-    blocked layout runs 15-35% faster than ``F.linear`` at decode shapes (64 x 576 x
-    49152: 10 ms instead of 14). The packed copy is made per ``generate()`` call, like
-    the fused weights. Anything else (fp32, GPU, no oneDNN) uses ``F.linear``.
+    oneDNN's linear on a weight reordered once into its blocked layout beats ``F.linear``
+    at decode shapes: in bf16 on CPUs with AVX-512 BF16 by 15-35% (64 x 576 x 49152: 10 ms
+    instead of 14), and in fp32 on AVX-512 and AVX2 CPUs alike (README, "Generation
+    engine"). The packed copy is made per ``generate()`` call, like the fused weights.
+    Anything else (fp16, bf16 without native support, GPU, no oneDNN) uses ``F.linear``.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, pack: bool):
@@ -220,32 +221,38 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-_PACK_WORKS: bool | None = None
+PACK = True  # False restores F.linear everywhere (bench/generation.py --no-pack compares)
+_PACK_WORKS: dict[torch.dtype, bool] = {}
 
 
 def _can_pack(weight: Tensor) -> bool:
-    """oneDNN prepacking pays off for bf16 weights on CPUs with native bf16 support.
+    """Whether to prepack: CPU weights in fp32, or in bf16 where the CPU computes bf16
+    natively (emulated bf16 is slow either way).
 
     The two ops are private to torch (they back inductor's CPU linears), so they are
-    checked once against ``F.linear`` before being trusted.
+    checked once per dtype against ``F.linear`` before being trusted.
     """
-    global _PACK_WORKS
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    dtype = weight.dtype
+    if not PACK or weight.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
-    if _PACK_WORKS is None:
+    if dtype not in _PACK_WORKS:
         try:
-            available = torch.backends.mkldnn.is_available()
-            _PACK_WORKS = bool(available and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-            if _PACK_WORKS:
-                w = torch.randn(48, 32, dtype=torch.bfloat16)
-                x = torch.randn(5, 32, dtype=torch.bfloat16)
+            works = torch.backends.mkldnn.is_available()
+            if dtype == torch.bfloat16:
+                from spa.precision import cpu_has_native_bf16
+
+                works = works and cpu_has_native_bf16() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            if works:
+                w = torch.randn(48, 32, dtype=dtype)
+                x = torch.randn(5, 32, dtype=dtype)
                 packed = _Linear(w, None, pack=True)
-                _PACK_WORKS = packed.packed is not None and torch.allclose(
+                works = packed.packed is not None and torch.allclose(
                     packed(x).float(), F.linear(x, w).float(), atol=1e-2, rtol=1e-2
                 )
+            _PACK_WORKS[dtype] = bool(works)
         except (RuntimeError, AttributeError):
-            _PACK_WORKS = False
-    return _PACK_WORKS
+            _PACK_WORKS[dtype] = False
+    return _PACK_WORKS[dtype]
 
 
 def _cascade_attention(

@@ -19,9 +19,11 @@ Baselines with a world model of their own:
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE.
 
-With ``selfplay.bootstrap_episodes > 0`` (the ``quick`` preset), spa, rwml and vagen
-first fine-tune on random-exploration turns so that the model can write the format;
-vanilla and state_estimation start from the base model, as in the paper.
+With ``selfplay.bootstrap_episodes > 0`` (the ``quick`` preset), every method first
+fine-tunes on random-exploration turns so that the model can write the format: spa, rwml
+and vagen in the world-model format, vanilla and state_estimation in their own prompt
+mode (a short reasoning and the actions). The paper's base models write the format from
+the start; SmolLM2-135M does not, and without the bootstrap plain RL gets no signal.
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ class Recipe:
     def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
         """A stage's own precision where it sets one, else the recipe's."""
         return self.precision if stage.precision == "auto" else stage.precision
+
+    @property
+    def bootstrap_mode(self) -> str:
+        """The prompt mode of the format bootstrap: the RL mode for the methods without a
+        world model (vanilla, state_estimation), world_model for the others."""
+        return self.rl_mode if self.method in ("vanilla", "state_estimation") else "world_model"
 
     @property
     def rl_mode(self) -> str:

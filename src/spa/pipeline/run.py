@@ -47,8 +47,10 @@ from spa.worldmodel.sft import train as train_sft
 STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
           "report")
 METHOD_STAGES = {
-    "vanilla": {"eval_base", "rl", "eval_final", "report"},
-    "state_estimation": {"eval_base", "rl", "eval_final", "report"},
+    # With selfplay.bootstrap_episodes > 0 every method starts from a format bootstrap, in
+    # its own RL prompt mode for vanilla and state_estimation (short reasoning + actions).
+    "vanilla": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
+    "state_estimation": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
     # vagen's turn rewards are paid only for well-formed world-model turns, which a small
     # base model never writes: like rwml it starts from the format bootstrap when there is one.
     "vagen": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
@@ -130,13 +132,14 @@ class Run:
         p = self.recipe.prompt
         return PromptConfig(mode, p.max_turns, p.max_actions, history_turns=0)
 
-    def _selfplay_data(self, model: str | None, out: Path, exploration: str, episodes: int, samples: int) -> dict:
+    def _selfplay_data(self, model: str | None, out: Path, exploration: str, episodes: int, samples: int,
+                       mode: str = "world_model") -> dict:
         r = self.recipe
         s = r.selfplay
         config = SelfPlayConfig(env=r.env.name, env_config=dict(r.env.options), episodes=episodes, samples=samples,
                                 max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
                                 max_new_tokens=s.max_new_tokens, states=s.states, exploration=exploration,
-                                coords=s.coords, seed=r.seed)
+                                coords=s.coords, seed=r.seed, mode=mode)
         engine = tokenizer = None
         if exploration == "self_play":
             lm, tokenizer = load_model(model, dtype=self.compute().dtype)
@@ -179,7 +182,8 @@ class Run:
 
     def _bootstrap(self) -> dict:
         s = self.recipe.selfplay
-        data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1)
+        data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
+                                   mode=self.recipe.bootstrap_mode)
         model = self._fine_tune(self.recipe.model, data["data"], self.dir / "bootstrap", s.bootstrap_epochs)
         return {**data, "model": model}
 

@@ -33,6 +33,7 @@ process logs global metrics, runs the evaluations and writes the checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -71,9 +72,9 @@ class PPOConfig:
     samples: int = 8  # episodes per seed (paper: 8)
     keep_fraction: float = 0.25  # share of groups kept, highest reward std first (paper: 0.25)
     drop_flat_groups: bool = field(default=True, metadata={"help": (
-        "Drop the groups whose samples all scored the same (reward std <= 1e-8) before keep_fraction "
-        "picks among the rest: they carry no signal, only critic error. A step left with no group "
-        "skips the update (charts/kept_groups 0).")})
+        "Leave out, of the keep_fraction groups with the highest reward std, those whose samples all "
+        "scored the same (std <= 1e-8): they carry no signal, only critic error. A step left with no "
+        "group skips the update (charts/kept_groups 0).")})
     reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
@@ -150,13 +151,14 @@ FLAT_SPREAD = 1e-8
 def top_groups(spread: dict[int, float], fraction: float, drop_flat: bool = True) -> set[int]:
     """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first).
 
-    With ``drop_flat`` the flat groups (spread <= FLAT_SPREAD) go first and the fraction is
-    of the remaining ones; none may remain (an empty set).
+    With ``drop_flat`` the flat groups (spread <= FLAT_SPREAD) are then left out, so fewer
+    may be kept, or none (an empty set). The count is of all groups: with 32 groups and
+    fraction 0.25, four informative groups are all kept (a fraction of the informative
+    ones would keep one and waste the others' signal).
     """
-    if drop_flat:
-        spread = {g: s for g, s in spread.items() if s > FLAT_SPREAD}
     n = max(1, math.ceil(fraction * len(spread)))
-    return set(sorted(spread, key=lambda g: (-spread[g], g))[:n])
+    top = sorted(spread, key=lambda g: (-spread[g], g))[:n]
+    return {g for g in top if spread[g] > FLAT_SPREAD or not drop_flat}
 
 
 @dataclass(frozen=True)
@@ -457,17 +459,22 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             table = sample_table(samples, kept, config.aggregation)
             # Every process sees the same kept_ids: with no group left (all flat), all skip
             # the update together; the step is still logged and checkpointed.
+            phases = {"time/rollout_s": rollout_seconds}
             if kept_ids:
                 # 3. Advantages, where the episodes are: whole groups live on one process.
-                metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
+                with _timed(phases, "time/advantages_s"):
+                    metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
                 # 4. Update.
                 rng = np.random.default_rng([config.seed, step])
-                metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id,
-                                            autocast, rng))
+                with _timed(phases, "time/actor_s"):
+                    metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id,
+                                                autocast, rng))
                 if critic is not None:
-                    metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id, autocast,
-                                                 np.random.default_rng([config.seed, step, 1])))
+                    with _timed(phases, "time/critic_s"):
+                        metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id,
+                                                     autocast, np.random.default_rng([config.seed, step, 1])))
             # 5. Log, evaluate, checkpoint.
+            metrics.update(phases)
             seconds = time.perf_counter() - began
             tokens = sum(e.tokens for e in table)
             metrics.update({"charts/kept_groups": len(kept_ids), "charts/train_turns": len(table),
@@ -488,6 +495,16 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                                                   + ("" if kept_ids else "  no group with spread: no update"))
     logger.close()
     return history
+
+
+@contextlib.contextmanager
+def _timed(phases: dict, name: str):
+    """Add the seconds the block takes to ``phases[name]`` (the step's per-phase breakdown)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
 
 
 def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], float]) -> float:

@@ -156,7 +156,8 @@ class RWMLConfig:
                          clip_high=self.clip_high, dual_clip=self.dual_clip, entropy_coef=self.entropy_coef,
                          kl_coef=0.0, aggregation=self.aggregation, ppo_epochs=self.ppo_epochs,
                          minibatch_size=self.minibatch_size, micro_batch_size=self.micro_batch_size,
-                         max_grad_norm=self.max_grad_norm, precision=self.precision, tensorboard=False, seed=self.seed)
+                         max_grad_norm=self.max_grad_norm, precision=self.precision, temperature=self.temperature,
+                         tensorboard=False, seed=self.seed)
 
 
 # ---------------------------------------------------------------------------- the filter model

@@ -12,6 +12,11 @@ Ablation switches, each one of the paper's experiments:
 * ``exploration="random"``: random valid actions with a templated think text instead of
   the model's own play.
 * ``coords="random"``: coordinates well-formed but random (the collapse experiment).
+
+``mode`` other than ``world_model`` (``base``, ``state``) makes random-exploration data in
+that prompt mode, with a short reasoning and the actions and no state text in the
+response: the format bootstrap of the methods whose RL prompt has no world model, so
+that every method starts RL from the same format competence.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from spa.agent.parsing import ACTION_SEPARATOR
-from spa.agent.prompts import PromptConfig, build_messages
+from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.envs import make
@@ -55,8 +60,13 @@ class SelfPlayConfig:
     coords: str = "true"  # true | random
     drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
     seed: int = 0  # sampling / random-exploration seed
+    mode: str = "world_model"  # prompt mode; base and state only with exploration="random"
 
     def __post_init__(self) -> None:
+        check_mode(self.mode)
+        if self.mode != "world_model" and self.exploration != "random":
+            raise ValueError(f"mode={self.mode!r} needs exploration='random': self-play data is world-model "
+                             "data (observation and prediction to correct)")
         for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
@@ -65,7 +75,7 @@ class SelfPlayConfig:
 
     @property
     def prompt(self) -> PromptConfig:
-        return PromptConfig("world_model", self.max_turns, self.max_actions_per_turn, history_turns=0)
+        return PromptConfig(self.mode, self.max_turns, self.max_actions_per_turn, history_turns=0)
 
 
 def replace_span(text: str, tag: str, content: str) -> str:
@@ -93,7 +103,7 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     think_end = response.find("</think>")
     answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(turn.actions)}</answer>"
     response = response[: think_end + len("</think>")] + answer
-    if config.states == "self_belief":
+    if config.states == "self_belief" or config.mode != "world_model":
         return response
     before, after = turn.state_before, turn.state_after
     if config.coords == "random":
@@ -113,7 +123,7 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
         for sample in range(config.samples):
             env = make(config.env, **config.env_config)
             env.reset(seed=env_seed)
-            trajectory = Trajectory(config.env, dict(config.env_config), env_seed, group, sample, "world_model")
+            trajectory = Trajectory(config.env, dict(config.env_config), env_seed, group, sample, config.mode)
             history: list[tuple[str, str, float]] = []  # so prompts match the rollout's (turn number, reward)
             for _ in range(config.max_turns):
                 messages = build_messages(env, config.prompt, history)
@@ -128,12 +138,16 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                         done = True
                         break
                 joined = f" {ACTION_SEPARATOR} ".join(actions)
-                response = (f"<think><observation>{state_before}</observation> I will try {joined}. "
-                            f"<prediction>{env.state_text()}</prediction></think><answer>{joined}</answer>")
+                if config.mode == "world_model":
+                    response = (f"<think><observation>{state_before}</observation> I will try {joined}. "
+                                f"<prediction>{env.state_text()}</prediction></think><answer>{joined}</answer>")
+                else:
+                    response = f"<think>I will try {joined}.</think><answer>{joined}</answer>"
                 trajectory.turns.append(Turn(
                     prompt_messages=messages, prompt_ids=[], response=response, response_ids=[],
-                    logprobs=[], finish_reason="stop", think="", observation=state_before,
-                    prediction=env.state_text(), answer=joined, actions=actions,
+                    logprobs=[], finish_reason="stop", think="",
+                    observation=state_before if config.mode == "world_model" else "",
+                    prediction=env.state_text() if config.mode == "world_model" else "", answer=joined, actions=actions,
                     actions_valid=[True] * len(actions), format_ok=True, state_before=state_before,
                     grid_before=grid_before, state_after=env.state_text(), grid_after=env.render(),
                     env_reward=rewards, reward=rewards,
