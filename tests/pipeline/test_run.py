@@ -124,7 +124,7 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in CONFIGS.glob("*.yaml")))
-@pytest.mark.parametrize("budget", ["quick", "paper"])
+@pytest.mark.parametrize("budget", ["quick", "learn", "paper"])
 def test_every_shipped_recipe_loads(recipe, budget):
     loaded = load_recipe(CONFIGS / recipe, preset=budget)
     assert loaded.env.name in recipe
@@ -133,7 +133,7 @@ def test_every_shipped_recipe_loads(recipe, budget):
 def test_recipe_errors_name_the_bad_value():
     with pytest.raises(ConfigError, match="did you mean 'ppo.steps'"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", ["ppo.stepz=3"])
-    with pytest.raises(ValueError, match="valid: paper, quick"):
+    with pytest.raises(ValueError, match="valid: learn, paper, quick"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", preset="huge")
     with pytest.raises(ConfigError, match="method"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", ["method=magic"])
@@ -142,7 +142,7 @@ def test_recipe_errors_name_the_bad_value():
 def test_run_command_reports_a_bad_recipe_cleanly(tmp_path):
     result = CliRunner().invoke(app, ["run", str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0 and "does not exist" in result.output
-    assert not Path("runs/missing-quick").exists()
+    assert not Path("runs/missing-learn").exists()
 
 
 def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):

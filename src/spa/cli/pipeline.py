@@ -13,7 +13,9 @@ from spa.cli.common import app, console
 def run(
     config: str = typer.Argument(..., help="Recipe YAML, e.g. configs/sokoban-spa.yaml."),
     overrides: list[str] = typer.Argument(None, help="Recipe fields as key=value, e.g. ppo.steps=20."),
-    preset: str = typer.Option("quick", help="Budget preset: quick (CPU), paper, or a YAML file."),
+    preset: str = typer.Option("learn", help="Budget preset: learn (CPU, about 2.5 h: RL that can show a "
+                                             "curve), quick (CPU, a smoke run of every stage), paper, or a "
+                                             "YAML file."),
     name: str = typer.Option(None, help="Run name (default: recipe name and preset)."),
     runs_dir: str = typer.Option("runs", help="Folder of the runs."),
     until: str = typer.Option(None, help="Stop after this stage (e.g. eval_sft); run again without it to go on."),

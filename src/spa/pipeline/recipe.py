@@ -1,7 +1,8 @@
 """Recipes: one typed config for a whole run (method x environment x budget).
 
-A recipe YAML names the method and the environment; a preset (``quick`` for a CPU,
-``paper`` for the paper's sizes) supplies the budget; ``key=value`` overrides change
+A recipe YAML names the method and the environment; a preset (``learn``, the default:
+a CPU budget in which RL can show a curve; ``quick``: a CPU smoke run of every stage;
+``paper``: the paper's sizes) supplies the budget; ``key=value`` overrides change
 anything. Unknown keys are errors (see :mod:`spa.config`).
 
 Methods (the paper's comparison, Table 2):
@@ -19,7 +20,7 @@ Baselines with a world model of their own:
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE.
 
-With ``selfplay.bootstrap_episodes > 0`` (the ``quick`` preset), every method first
+With ``selfplay.bootstrap_episodes > 0`` (the ``learn`` and ``quick`` presets), every method first
 fine-tunes on random-exploration turns so that the model can write the format: spa, rwml
 and vagen in the world-model format, vanilla and state_estimation in their own prompt
 mode (a short reasoning and the actions). The paper's base models write the format from
@@ -151,7 +152,7 @@ def preset_path(name: str, recipe: str | Path | None = None) -> Path:
     raise ValueError(f"preset {name!r} is not known; valid: {', '.join(known) or '(none found)'}")
 
 
-def load_recipe(path: str | Path, overrides: list[str] = (), preset: str | None = "quick") -> Recipe:
+def load_recipe(path: str | Path, overrides: list[str] = (), preset: str | None = "learn") -> Recipe:
     """The recipe at ``path`` over the preset's budget, with ``key=value`` overrides."""
     base = read_yaml(preset_path(preset, path)) if preset else None
     return load(Recipe, path, list(overrides), base=base)
