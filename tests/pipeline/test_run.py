@@ -1,6 +1,7 @@
 """``spa run`` end to end on the tiny model: stages, report, resume, compare."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -11,19 +12,21 @@ from typer.testing import CliRunner
 
 from spa.cli import app
 from spa.config import ConfigError
+from spa.pipeline import report as report_module
 from spa.pipeline.recipe import CONFIGS, load_recipe
 from spa.pipeline.run import Run
 from spa.rl import logger as logger_module
 
 # The smallest budget that exercises every stage. Self-play uses the random-exploration
 # switch: the random tiny model never writes a well-formed turn, even after the bootstrap.
+# Eight evaluation levels leave two for the in-RL evaluation, the fewest with an interval.
 TINY = """
 model: tiny
 selfplay: {episodes: 4, samples: 2, max_new_tokens: 8, bootstrap_episodes: 4, exploration: random}
 sft: {epochs: 1, batch_size: 4, val_fraction: 0.0, precision: fp32}
 ppo: {steps: 2, groups: 2, samples: 2, keep_fraction: 1.0, max_new_tokens: 8, minibatch_size: 4,
       micro_batch_size: 2, eval_every: 1, save_every: 1, tensorboard: false, precision: fp32}
-eval: {num_envs: 2, samples: 2, max_new_tokens: 8}
+eval: {num_envs: 8, samples: 2, max_new_tokens: 8}
 prompt: {max_turns: 2}
 """
 
@@ -53,6 +56,81 @@ def test_every_stage_runs_and_the_report_is_written(finished):
     # RL started from the SFT checkpoint, which started from the bootstrap checkpoint
     assert stages["sft"]["outputs"]["model"].endswith("sft/epoch-1")
     assert [r["step"] for r in map(json.loads, (finished / "rl" / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+
+
+def with_interval(value, low, high):  # the report's format, written out here
+    return f"{100 * value:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def test_every_evaluation_carries_its_interval_into_the_report(finished):
+    stages = json.loads((finished / "stages.json").read_text())
+    report = (finished / "report.md").read_text()
+    labels = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_final": "final model"}
+    for stage, label in labels.items():
+        for mode, entry in stages[stage]["outputs"].items():
+            metrics = json.loads(Path(entry["metrics"]).read_text())
+            assert set(metrics["pass_at_k_ci95"]) == set(metrics["pass_at_k"]) == {"pass@1", "pass@2"}
+            low, high = metrics["pass_at_k_ci95"]["pass@1"]
+            assert 0 <= low <= metrics["pass_at_k"]["pass@1"] <= high <= 1
+            assert f"| {label} | {mode} | {with_interval(metrics['pass_at_k']['pass@1'], low, high)} | - |" in report
+    # The in-RL evaluation curve: its log has the bounds, the report a row per evaluation.
+    records = [json.loads(line) for line in (finished / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval/pass@1" in r] == [0, 1, 2]
+    assert "## Evaluation during RL" in report and "| RL step | Pass@1 [95% interval] | Pass@8 |" in report
+    for r in records:
+        assert r["eval/pass@1_lo"] <= r["eval/pass@1"] <= r["eval/pass@1_hi"]
+        assert f"| {r['step']} | {with_interval(r['eval/pass@1'], r['eval/pass@1_lo'], r['eval/pass@1_hi'])} | - |" \
+            in report
+
+
+def band_calls(run, folder, monkeypatch):
+    """The bands ``plot_rl`` shades: ``(steps, low, high)`` per call."""
+    calls = []
+    original = report_module.plt.Axes.fill_between
+
+    def record(self, x, low, high, **kwargs):
+        calls.append((list(x), list(low), list(high)))
+        return original(self, x, low, high, **kwargs)
+
+    monkeypatch.setattr(report_module.plt.Axes, "fill_between", record)
+    report_module.plot_rl(run, folder)
+    return calls
+
+
+def test_the_evaluation_plot_shades_the_pass_at_1_interval(finished, tmp_path, monkeypatch):
+    run = report_module.load_run(finished)
+    evals = [r for r in run["rl"] if "eval/pass@1" in r]
+    assert band_calls(run, tmp_path, monkeypatch) == [([r["step"] for r in evals], [r["eval/pass@1_lo"] for r in evals],
+                                                        [r["eval/pass@1_hi"] for r in evals])]
+    assert (tmp_path / "rl_eval.png").stat().st_size > 1000
+
+
+def strip_intervals(finished, folder):
+    """A copy of the run as it would have been written before evaluations had intervals."""
+    shutil.copytree(finished, folder)
+    text = (folder / "stages.json").read_text().replace(str(finished), str(folder))
+    (folder / "stages.json").write_text(text)
+    for path in (folder / "eval").rglob("metrics.json"):
+        metrics = json.loads(path.read_text())
+        metrics.pop("pass_at_k_ci95", None)
+        path.write_text(json.dumps(metrics))
+    records = [json.loads(line) for line in (folder / "rl" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.dumps({k: v for k, v in r.items() if not k.endswith(("_lo", "_hi"))}) for r in records]
+    (folder / "rl" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return json.loads(text)
+
+
+def test_a_run_without_intervals_reports_the_numbers_alone(finished, tmp_path, monkeypatch):
+    old = tmp_path / "old"
+    stages = strip_intervals(finished, old)
+    report = Path(report_module.write_report(old)).read_text()
+    for mode, entry in stages["eval_base"]["outputs"].items():
+        value = json.loads(Path(entry["metrics"]).read_text())["pass_at_k"]["pass@1"]
+        assert f"| base model | {mode} | {100 * value:.1f} | - |" in report
+    records = report_module.load_run(old)["rl"]
+    assert f"| 0 | {100 * records[0]['eval/pass@1']:.1f} | - |" in report
+    assert not re.search(r"\d\.\d \[\d", report)  # no interval anywhere
+    assert band_calls(report_module.load_run(old), tmp_path, monkeypatch) == []
 
 
 def test_an_interrupted_run_continues_to_the_same_result(preset, finished, tmp_path, monkeypatch):
@@ -109,9 +187,12 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
             if line.startswith("| straight") or line.startswith("| partial")]
     mode = next(iter(stages["eval_final"]["outputs"]))
 
-    def pct(stage, key):  # the tiny budget samples twice: there is no Pass@8
-        value = stages[stage]["outputs"][mode].get(key)
-        return "-" if value is None else f"{100 * value:.1f}"
+    def pct(stage, key):  # the tiny budget samples twice: there is no Pass@8; Pass@1 has its interval
+        metrics = json.loads(Path(stages[stage]["outputs"][mode]["metrics"]).read_text())
+        value = metrics["pass_at_k"].get(key)
+        if value is None:
+            return "-"
+        return with_interval(value, *metrics["pass_at_k_ci95"][key]) if key == "pass@1" else f"{100 * value:.1f}"
 
     full, cut = rows
     assert pct("eval_base", "pass@1") != "-"
@@ -121,6 +202,13 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     assert cut[4:10] == full[4:8] + ["-", "-"]
     assert "(unfinished)" in cut[10] and "(unfinished)" not in full[10]
     assert (tmp_path / "cmp" / "curves.png").exists()
+    # A run written before intervals: its numbers alone.
+    strip_intervals(finished, tmp_path / "old")
+    report_module.compare([tmp_path / "old"], tmp_path / "cmp-old")
+    old = next(line.split(" | ") for line in (tmp_path / "cmp-old" / "comparison.md").read_text().splitlines()
+               if line.startswith("| old"))
+    assert old[4:10] == [cell.split(" [")[0] for cell in full[4:10]]
+    assert all("[" not in cell for cell in old[4:10]) and any("[" in cell for cell in full[4:10])
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in CONFIGS.glob("*.yaml")))

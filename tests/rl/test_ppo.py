@@ -352,3 +352,17 @@ def test_resume_gives_the_uninterrupted_result(tiny, tmp_path):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(straight.parameters(), model.parameters()))
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2]
+
+
+def test_eval_entries_log_each_pass_at_k_with_its_interval():
+    from spa.rl.ppo import _eval_entries
+
+    metrics = {"success_rate": 0.25, "format_valid_rate": 0.5, "pass_at_k": {"pass@1": 0.25, "pass@8": 0.6},
+               "pass_at_k_ci95": {"pass@1": [0.1, 0.4], "pass@8": [0.45, 0.75]}}
+    entries = _eval_entries(metrics)
+    assert entries["eval/pass@1"] == 0.25 and entries["eval/pass@8"] == 0.6
+    assert (entries["eval/pass@1_lo"], entries["eval/pass@1_hi"]) == (0.1, 0.4)
+    assert (entries["eval/pass@8_lo"], entries["eval/pass@8_hi"]) == (0.45, 0.75)
+    # An evaluation without intervals (a single level) logs the numbers alone.
+    del metrics["pass_at_k_ci95"]
+    assert not any(key.endswith(("_lo", "_hi")) for key in _eval_entries(metrics))

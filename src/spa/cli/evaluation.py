@@ -32,7 +32,7 @@ def evaluate_command(
                                "oracle (a solver's shortest solution); random and oracle load no model."),
 ) -> None:
     """Evaluate a model (or a random or oracle baseline): Pass@k, valid rates, world-model accuracy."""
-    from spa.eval.baselines import POLICIES, evaluate_policy, interval_rows
+    from spa.eval.baselines import POLICIES, evaluate_policy
     from spa.eval.evaluate import EvalConfig, evaluate, metric_rows
 
     if policy not in POLICIES:
@@ -52,9 +52,7 @@ def evaluate_command(
     table = Table(title=f"{player} on {env} ({mode}), {num_envs} seeds x {samples} samples")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in metric_rows(metrics):
-        table.add_row(name, value)
-    for name, value in interval_rows(metrics):
+    for name, value in metric_rows(metrics):  # Pass@k 95% intervals included, where there are 2+ seeds
         table.add_row(name, value)
     console.print(table)
     console.print(f"{metrics['wall_seconds']} s; wrote {out_dir}/metrics.json, report.md, trajectories.jsonl")

@@ -45,7 +45,7 @@ from spa.envs.sokoban import MOVES as SOKOBAN_MOVES
 from spa.envs.sokoban import Sokoban
 from spa.envs.sudoku import SudokuEnv
 from spa.eval.evaluate import EvalConfig, markdown_report
-from spa.eval.metrics import pass_at_k_interval, summarize
+from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
 from spa.models.engine import Generation
 
@@ -271,32 +271,19 @@ def evaluate_policy(policy: str, config: EvalConfig, out_dir: str | Path | None 
 
     Sampling options (temperature, top-p, new-token cap) do not apply. World-model
     accuracy is left out: a baseline's observation and prediction are the true states.
-    Adds ``pass_at_k_ci95``, a normal-approximation 95% interval over levels.
     """
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
                                    format_penalty=config.format_penalty)
     start = time.perf_counter()
     trajectories = play(policy, eval_seeds(config.num_envs), config.samples, rollout_config, config.seed)
     seconds = time.perf_counter() - start
-    metrics = summarize(trajectories)
+    metrics = summarize(trajectories, intervals=True)
     metrics.pop("world_model", None)
-    if config.num_envs >= 2:
-        metrics["pass_at_k_ci95"] = {
-            name: list(pass_at_k_interval(trajectories, int(name.split("@")[1])))
-            for name in metrics["pass_at_k"]
-        }
     metrics.update(model=f"{policy} policy", policy=policy, config=asdict(config),
                    wall_seconds=round(seconds, 1), generated_tokens=0, tokens_per_second=0.0)
     if out_dir is not None:
         out = Path(out_dir)
         write_jsonl(out / "trajectories.jsonl", (t.to_json() for t in trajectories))
         write_json(out / "metrics.json", metrics)
-        rows = "".join(f"| {name} | {value} |\n" for name, value in interval_rows(metrics))
-        atomic_write_text(out / "report.md", markdown_report(metrics) + rows)  # extends its table
+        atomic_write_text(out / "report.md", markdown_report(metrics))
     return metrics
-
-
-def interval_rows(metrics: dict) -> list[tuple[str, str]]:
-    """``(name, formatted interval)`` rows for ``pass_at_k_ci95``, where the metrics have it."""
-    return [(f"{name} 95% interval", f"{100 * low:.1f}-{100 * high:.1f}%")
-            for name, (low, high) in metrics.get("pass_at_k_ci95", {}).items()]

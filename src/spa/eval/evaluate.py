@@ -2,7 +2,9 @@
 
 Outputs in ``out_dir``: ``metrics.json`` (every number), ``report.md`` (a table a person
 reads first) and ``trajectories.jsonl`` (every turn of every episode). The evaluation
-seeds start at ``EVAL_SEED_OFFSET``, far above any training seed.
+seeds start at ``EVAL_SEED_OFFSET``, far above any training seed. Every Pass@k comes
+with a 95% interval over levels, ``pass_at_k_ci95`` (``spa.eval.metrics.summarize``),
+when there are at least 2 levels.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
                                rollout_config, sampling, on_turn=on_turn)
         bar.update(task, completed=config.prompt.max_turns)
     seconds = time.perf_counter() - start
-    metrics = summarize(trajectories)
+    metrics = summarize(trajectories, intervals=True)
     generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
     metrics.update(model=model_name, config=asdict(config), wall_seconds=round(seconds, 1),
                    generated_tokens=generated, tokens_per_second=round(generated / max(seconds, 1e-9), 1))
@@ -78,6 +80,7 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
     """``(name, formatted value)`` rows shared by the terminal table and the report."""
     rows = [("success rate (Pass@1)", f"{100 * metrics['success_rate']:.1f}%")]
     rows += [(name, f"{100 * value:.1f}%") for name, value in metrics["pass_at_k"].items()]
+    rows += interval_rows(metrics)
     rows += [
         ("mean reward", f"{metrics['mean_reward']:.2f}"),
         ("mean turns", f"{metrics['mean_turns']:.2f}"),
@@ -89,6 +92,12 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
     for name, value in metrics.get("world_model", {}).items():
         rows.append((name.replace("_", " "), f"{100 * value:.1f}%"))
     return rows
+
+
+def interval_rows(metrics: dict) -> list[tuple[str, str]]:
+    """``(name, formatted interval)`` rows for ``pass_at_k_ci95``, where the metrics have it."""
+    return [(f"{name} 95% interval", f"[{100 * low:.1f}%, {100 * high:.1f}%]")
+            for name, (low, high) in metrics.get("pass_at_k_ci95", {}).items()]
 
 
 def markdown_report(metrics: dict) -> str:

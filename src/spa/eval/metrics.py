@@ -1,4 +1,5 @@
-"""Metrics over rollouts: unbiased Pass@k and world-model accuracy of predicted states."""
+"""Metrics over rollouts: unbiased Pass@k (with a 95% interval over levels) and world-model
+accuracy of predicted states."""
 
 from __future__ import annotations
 
@@ -70,28 +71,35 @@ def cell_accuracy(predicted: str, true_grid: str) -> float:
     return correct / total
 
 
-def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
+def _level_outcomes(trajectories) -> dict[int, list[bool]]:
+    """Each level's (group's) successes, one per sample."""
+    groups: dict[int, list[bool]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group].append(trajectory.success)
+    return groups
+
+
+def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool = False) -> dict:
     """Success, Pass@k (per group of samples sharing a seed) and per-turn rates.
 
     World-model accuracy is included when the trajectories were played in
     ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
     the state before each turn and of ``<prediction>`` against the state after it.
+    With ``intervals``, ``pass_at_k_ci95`` holds ``[low, high]`` for every reported
+    Pass@k (``pass_at_k_interval``); it is left out with fewer than 2 levels, whose
+    spread cannot be measured.
     """
-    groups: dict[int, list[bool]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group].append(trajectory.success)
+    groups = _level_outcomes(trajectories)
     turns = [turn for trajectory in trajectories for turn in trajectory.turns]
     actions = [valid for turn in turns for valid in turn.actions_valid]
     n = min(len(outcomes) for outcomes in groups.values())
+    per_level = {f"pass@{k}": [pass_at_k(len(o), sum(o), k) for o in groups.values()] for k in ks if k <= n}
     result = {
         "episodes": len(trajectories),
         "groups": len(groups),
         "samples_per_group": n,
         "success_rate": mean(t.success for t in trajectories),
-        "pass_at_k": {
-            f"pass@{k}": mean(pass_at_k(len(o), sum(o), k) for o in groups.values())
-            for k in ks if k <= n
-        },
+        "pass_at_k": {name: mean(values) for name, values in per_level.items()},
         "mean_reward": mean(t.total_reward for t in trajectories),
         "mean_turns": mean(len(t.turns) for t in trajectories),
         "mean_actions": mean(t.num_actions for t in trajectories),
@@ -99,6 +107,8 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
         "action_valid_rate": mean(actions) if actions else 0.0,
         "mean_response_tokens": mean(len(turn.response_ids) for turn in turns) if turns else 0.0,
     }
+    if intervals and len(groups) >= 2:
+        result["pass_at_k_ci95"] = {name: list(_interval(values)) for name, values in per_level.items()}
     if trajectories and trajectories[0].mode == "world_model" and turns:
         result["world_model"] = world_model_accuracy(turns)
     return result
@@ -136,12 +146,26 @@ def pass_at_k_interval(trajectories, k: int, z: float = 1.96) -> tuple[float, fl
     per-level Pass@k values, clipped to [0, 1]. It is degenerate (zero width) when every
     level scores the same, e.g. a solver that solves them all.
     """
-    groups: dict[int, list[bool]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group].append(trajectory.success)
-    values = [pass_at_k(len(o), sum(o), k) for o in groups.values()]
+    values = [pass_at_k(len(o), sum(o), k) for o in _level_outcomes(trajectories).values()]
     if len(values) < 2:
         raise ValueError(f"pass_at_k_interval needs at least 2 levels; got {len(values)}")
+    return _interval(values, z)
+
+
+def _interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """``mean ± z * sd / sqrt(n)`` of ``values`` (at least 2), clipped to [0, 1]."""
     centre = mean(values)
     half = z * stdev(values) / math.sqrt(len(values))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pct_with_interval(value: float | None, interval=None) -> str:
+    """A rate in percent with its interval in brackets, ``21.3 [17.0, 25.6]``; the number
+    alone without an interval (metrics written before intervals existed), ``-`` without a value."""
+    if value is None:
+        return "-"
+    text = f"{100 * value:.1f}"
+    if interval is not None:
+        low, high = interval
+        text += f" [{100 * low:.1f}, {100 * high:.1f}]"
+    return text

@@ -2,7 +2,9 @@
 
 Everything here reads what the stages wrote (``stages.json``, ``config.yaml``, each
 evaluation's ``metrics.json``, the RL ``metrics.jsonl``), so a report can be rebuilt at
-any time without rerunning anything.
+any time without rerunning anything. Pass@1 is shown with its 95% interval over levels
+(``21.3 [17.0, 25.6]``) where the metrics have one; runs written before intervals existed
+show the number alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
 
+from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
@@ -43,14 +46,36 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
+def _pass_cell(metrics: dict, name: str = "pass@1") -> str:
+    """``name`` from an evaluation's ``metrics.json``, with its 95% interval where it has one."""
+    return pct_with_interval(metrics.get("pass_at_k", {}).get(name), metrics.get("pass_at_k_ci95", {}).get(name))
+
+
+def _curve_cell(record: dict, name: str) -> str:
+    """``eval/name`` of an RL log record, with ``eval/name_lo`` / ``_hi`` where logged."""
+    low, high = record.get(f"eval/{name}_lo"), record.get(f"eval/{name}_hi")
+    return pct_with_interval(record.get(f"eval/{name}"), None if low is None or high is None else (low, high))
+
+
 def eval_table(run: dict) -> str:
-    rows = ["| model | mode | Pass@1 | Pass@8 | format valid | obs exact | pred exact | obs cells | pred cells |",
+    rows = ["| model | mode | Pass@1 [95% interval] | Pass@8 | format valid | obs exact | pred exact | obs cells "
+            "| pred cells |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (stage, mode), m in run["evals"].items():
         wm = m.get("world_model", {})
-        rows.append(f"| {EVAL_STAGES[stage]} | {mode} | {_pct(m['pass_at_k'].get('pass@1'))} | "
+        rows.append(f"| {EVAL_STAGES[stage]} | {mode} | {_pass_cell(m)} | "
                     f"{_pct(m['pass_at_k'].get('pass@8'))} | {_pct(m['format_valid_rate'])} | "
                     + " | ".join(_pct(wm.get(k)) for k in WM_KEYS) + " |")
+    return "\n".join(rows)
+
+
+def eval_curve_table(run: dict) -> str:
+    """The RL stage's periodic evaluations, one row per step; empty when it logged none."""
+    evals = [r for r in run["rl"] if "eval/pass@1" in r]
+    if not evals:
+        return ""
+    rows = ["| RL step | Pass@1 [95% interval] | Pass@8 |", "|---:|---:|---:|"]
+    rows += [f"| {r['step']} | {_curve_cell(r, 'pass@1')} | {_curve_cell(r, 'pass@8')} |" for r in evals]
     return "\n".join(rows)
 
 
@@ -69,7 +94,8 @@ def _save(fig, ax, title: str, path: Path, xlabel: str | None = "RL step", unit_
 
 
 def plot_rl(run: dict, out: Path) -> list[Path]:
-    """Training curves: rollout reward/success and the periodic evaluation's Pass@k."""
+    """Training curves: rollout reward/success and the periodic evaluation's Pass@k, Pass@1
+    with its 95% interval as a band where the log has it."""
     records = [r for r in run["rl"] if "rollout/reward_mean" in r]
     if not records:
         return []
@@ -81,8 +107,14 @@ def plot_rl(run: dict, out: Path) -> list[Path]:
     evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for key in sorted({k for r in evals for k in r if k.startswith("eval/pass@")}):
-            ax.plot([r["step"] for r in evals], [r.get(key) for r in evals], marker="o", label=key[5:])
+        keys = {k for r in evals for k in r if k.startswith("eval/pass@") and not k.endswith(("_lo", "_hi"))}
+        for key in sorted(keys):
+            (line,) = ax.plot([r["step"] for r in evals], [r.get(key) for r in evals], marker="o", label=key[5:])
+            band = [r for r in evals if f"{key}_lo" in r and f"{key}_hi" in r]
+            if key == "eval/pass@1" and band:
+                ax.fill_between([r["step"] for r in band], [r[f"{key}_lo"] for r in band],
+                                [r[f"{key}_hi"] for r in band], color=line.get_color(), alpha=0.2,
+                                label="pass@1 95% interval")
         paths.append(_save(fig, ax, f"{run['name']}: evaluation Pass@k", out / "rl_eval.png", unit_range=True))
     return paths
 
@@ -136,6 +168,11 @@ def write_report(folder: str | Path) -> Path:
         last = run["rl"][-1]
         lines.append(f"- RL: {last['step']} steps, last rollout reward {last.get('rollout/reward_mean', 0):+.3f}, "
                      f"success {_pct(last.get('rollout/success'))}%")
+    curve = eval_curve_table(run)
+    if curve:
+        lines += ["", "## Evaluation during RL", "", curve, "",
+                  "Pass@k in %, with the 95% interval over the evaluation levels (normal approximation) in "
+                  "brackets where logged."]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "## Stages", "", "| stage | wall time (s) |", "|---|---:|"]
     lines += [f"| {name} | {entry['seconds']} |" for name, entry in stages.items()]
@@ -148,8 +185,9 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
 
     Per run: Pass@1 / Pass@8 of the base model, of the model before RL (after SFT or
     RWML, when the method has that stage) and of the final model, all in the mode the
-    final model is evaluated in, and the run's total wall time. A run that has not
-    finished shows ``-`` for what it has not evaluated yet.
+    final model is evaluated in, and the run's total wall time; each Pass@1 with its 95%
+    interval where the evaluation has one. A run that has not finished shows ``-`` for
+    what it has not evaluated yet.
     """
     runs = [load_run(f) for f in folders]
     out = Path(out)
@@ -163,8 +201,7 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
         cells = []
         for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
             found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
-            pass_at = found.get("pass_at_k", {})
-            cells += [_pct(pass_at.get("pass@1")), _pct(pass_at.get("pass@8"))]
+            cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
         minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
         done = "report" in run["stages"]
         rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
@@ -183,7 +220,9 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=110)
     plt.close(fig)
-    text = "\n".join(["# Comparison", "", *rows, "", "![curves](curves.png)", ""])
+    note = ("Pass@k in %; each Pass@1 with its 95% interval over the evaluation levels (normal approximation) "
+            "in brackets where the evaluation recorded one.")
+    text = "\n".join(["# Comparison", "", *rows, "", note, "", "![curves](curves.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
 
 

@@ -560,9 +560,12 @@ class _NoLogger:
 
 
 def _eval_entries(metrics: dict) -> dict:
-    """The headline numbers of an evaluation, as ``eval/...`` scalars."""
+    """The headline numbers of an evaluation, as ``eval/...`` scalars: each Pass@k with
+    its 95% interval as ``eval/pass@k_lo`` / ``_hi`` where the evaluation has one."""
     entries = {"eval/success": metrics["success_rate"], "eval/format_valid": metrics["format_valid_rate"]}
     entries.update({f"eval/{k}": v for k, v in metrics["pass_at_k"].items()})
+    for k, (low, high) in metrics.get("pass_at_k_ci95", {}).items():
+        entries[f"eval/{k}_lo"], entries[f"eval/{k}_hi"] = low, high
     for k, v in metrics.get("world_model", {}).items():
         if isinstance(v, (int, float)):
             entries[f"eval/wm_{k}"] = v
