@@ -17,6 +17,7 @@ once (:func:`announce`).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 
@@ -45,10 +46,11 @@ class Precision:
         """True for bf16/fp16: fp32 master weights compute under autocast, decode in this dtype."""
         return self.name != "fp32"
 
-    def autocast(self, device: torch.device | str) -> torch.autocast:
+    def autocast(self, device: torch.device | str):
         """Autocast to this precision on ``device`` (a no-op context for fp32)."""
-        device_type = torch.device(device).type
-        return torch.autocast(device_type, dtype=self.dtype if self.low else torch.bfloat16, enabled=self.low)
+        if not self.low:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=self.dtype)
 
     @property
     def decode_dtype(self) -> torch.dtype | None:
