@@ -44,9 +44,8 @@ from spa.envs.frozen_lake import FrozenLakeEnv
 from spa.envs.sokoban import MOVES as SOKOBAN_MOVES
 from spa.envs.sokoban import Sokoban
 from spa.envs.sudoku import SudokuEnv
-from spa.eval.evaluate import EvalConfig, markdown_report
+from spa.eval.evaluate import EvalConfig, write_outputs
 from spa.eval.metrics import summarize
-from spa.io import atomic_write_text, write_json, write_jsonl
 from spa.models.engine import Generation
 
 #: Who can play in ``spa eval``: the language model, or one of the baselines here.
@@ -281,9 +280,5 @@ def evaluate_policy(policy: str, config: EvalConfig, out_dir: str | Path | None 
     metrics.pop("world_model", None)
     metrics.update(model=f"{policy} policy", policy=policy, config=asdict(config),
                    wall_seconds=round(seconds, 1), generated_tokens=0, tokens_per_second=0.0)
-    if out_dir is not None:
-        out = Path(out_dir)
-        write_jsonl(out / "trajectories.jsonl", (t.to_json() for t in trajectories))
-        write_json(out / "metrics.json", metrics)
-        atomic_write_text(out / "report.md", markdown_report(metrics))
+    write_outputs(out_dir, trajectories, metrics)
     return metrics

@@ -68,12 +68,18 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
     metrics.update(model=model_name, config=asdict(config), wall_seconds=round(seconds, 1),
                    generated_tokens=generated, tokens_per_second=round(generated / max(seconds, 1e-9), 1))
-    if out_dir is not None:
-        out = Path(out_dir)
-        write_jsonl(out / "trajectories.jsonl", (t.to_json() for t in trajectories))
-        write_json(out / "metrics.json", metrics)
-        atomic_write_text(out / "report.md", markdown_report(metrics))
+    write_outputs(out_dir, trajectories, metrics)
     return metrics
+
+
+def write_outputs(out_dir: str | Path | None, trajectories, metrics: dict) -> None:
+    """``trajectories.jsonl``, ``metrics.json`` and ``report.md`` in ``out_dir`` (None: nothing)."""
+    if out_dir is None:
+        return
+    out = Path(out_dir)
+    write_jsonl(out / "trajectories.jsonl", (t.to_json() for t in trajectories))
+    write_json(out / "metrics.json", metrics)
+    atomic_write_text(out / "report.md", markdown_report(metrics))
 
 
 def metric_rows(metrics: dict) -> list[tuple[str, str]]:
