@@ -227,8 +227,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.no_pack:
         llama_decoder.PACK = False
-    chosen = precision.resolve(args.dtype, args.device)
-    precision.announce(chosen)
+    chosen = precision.decide(args.dtype, args.device)
     model, tokenizer = load_bench_model(args.model, chosen.dtype, args.device, args.random_init)
     prompts = make_prompts(tokenizer, args.batch, args.seed)
     lengths = [len(p) for p in prompts]

@@ -253,8 +253,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    compute = precision.resolve(args.dtype, "cpu")
-    precision.announce(compute)
+    compute = precision.decide(args.dtype, "cpu")
     ppo.save_checkpoint = lambda *a, **k: None  # checkpoints are no per-episode cost (docstring)
 
     start = {"kind": "given", "path": args.model} if args.no_bootstrap else bootstrap(args)

@@ -72,8 +72,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=6, help="timed batches per method (+1 warm-up)")
     parser.add_argument("--dtype", default="auto", help="compute precision: auto (default), bf16, fp16 or fp32")
     args = parser.parse_args()
-    compute = precision.resolve(args.dtype, "cpu")
-    precision.announce(compute)
+    compute = precision.decide(args.dtype, "cpu")
 
     model, tokenizer = load_model(args.model, dtype="fp32")
     if args.data:

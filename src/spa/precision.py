@@ -118,12 +118,17 @@ def announce(precision: Precision, file=None) -> None:
         print(f"warning: {precision.warning}", file=out)
 
 
-def for_model(name: str, model: torch.nn.Module, report: bool = True) -> Precision:
-    """:func:`resolve` on the device of ``model``'s parameters, announced once when ``report``."""
-    chosen = resolve(name, next(model.parameters()).device)
-    if report:
-        announce(chosen)
+def decide(name: str = "auto", device: torch.device | str = "cpu") -> Precision:
+    """:func:`resolve`, then :func:`announce` the choice (once per process): what every
+    command and stage that computes in the precision calls."""
+    chosen = resolve(name, device)
+    announce(chosen)
     return chosen
+
+
+def for_model(name: str, model: torch.nn.Module) -> Precision:
+    """:func:`decide` on the device of ``model``'s parameters."""
+    return decide(name, next(model.parameters()).device)
 
 
 FIELD_HELP = ("Compute precision: auto (bf16 where the hardware computes it natively: a GPU with bf16, a CPU "

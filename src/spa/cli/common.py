@@ -57,11 +57,9 @@ def compute_precision(dtype: str):
     from spa.models.loading import resolve_device
 
     try:
-        chosen = precision.resolve(dtype, resolve_device("auto"))
+        return precision.decide(dtype, resolve_device("auto"))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    precision.announce(chosen)
-    return chosen
 
 
 def load(model: str, dtype: str, announce: bool = True):

@@ -42,8 +42,7 @@ def load_run(folder: str | Path) -> dict:
             "rl": read_metrics(folder / "rl" / "metrics.jsonl")}
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+_pct = pct_with_interval  # a rate in percent, "-" when missing
 
 
 def _pass_cell(metrics: dict, name: str = "pass@1") -> str:

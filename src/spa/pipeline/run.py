@@ -35,8 +35,8 @@ from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import write_json, write_jsonl
 from spa.models import load_model
-from spa.models.loading import resolve_device
 from spa.models.engine import Engine
+from spa.models.loading import resolve_device
 from spa.pipeline.recipe import Recipe
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
@@ -124,9 +124,7 @@ class Run:
 
     def compute(self) -> precision.Precision:
         """The recipe's compute precision on this machine (announced once)."""
-        chosen = precision.resolve(self.recipe.precision, resolve_device("auto"))
-        precision.announce(chosen)
-        return chosen
+        return precision.decide(self.recipe.precision, resolve_device("auto"))
 
     def prompt(self, mode: str) -> PromptConfig:
         p = self.recipe.prompt

@@ -138,16 +138,16 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                         done = True
                         break
                 joined = f" {ACTION_SEPARATOR} ".join(actions)
-                if config.mode == "world_model":
-                    response = (f"<think><observation>{state_before}</observation> I will try {joined}. "
-                                f"<prediction>{env.state_text()}</prediction></think><answer>{joined}</answer>")
-                else:
-                    response = f"<think>I will try {joined}.</think><answer>{joined}</answer>"
+                world = config.prompt.world_model  # the plain modes' responses carry no state text
+                observation, prediction = (state_before, env.state_text()) if world else ("", "")
+                think = f"I will try {joined}."
+                if world:
+                    think = f"<observation>{observation}</observation> {think} <prediction>{prediction}</prediction>"
+                response = f"<think>{think}</think><answer>{joined}</answer>"
                 trajectory.turns.append(Turn(
                     prompt_messages=messages, prompt_ids=[], response=response, response_ids=[],
-                    logprobs=[], finish_reason="stop", think="",
-                    observation=state_before if config.mode == "world_model" else "",
-                    prediction=env.state_text() if config.mode == "world_model" else "", answer=joined, actions=actions,
+                    logprobs=[], finish_reason="stop", think="", observation=observation,
+                    prediction=prediction, answer=joined, actions=actions,
                     actions_valid=[True] * len(actions), format_ok=True, state_before=state_before,
                     grid_before=grid_before, state_after=env.state_text(), grid_after=env.render(),
                     env_reward=rewards, reward=rewards,
