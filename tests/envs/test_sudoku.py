@@ -4,6 +4,7 @@ independent of the environment's), the r,c,v action protocol, rewards and config
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -296,7 +297,7 @@ def test_render_and_describe_agree() -> None:
         assert all(tok == "_" or tok == str(env.board[r][c]) for r, row in enumerate(cells)
                    for c, tok in enumerate(row))
         empty = [(r, c) for r, row in enumerate(cells) for c, tok in enumerate(row) if tok == "_"]
-        assert env.describe() == "Empty at " + ", ".join(f"({r},{c})" for r, c in empty) + "."
+        assert env.describe() == "Empty at " + ", ".join(f"({r + 1},{c + 1})" for r, c in empty) + "."
         assert env.state_text() == obs + "\n" + env.describe()
 
 
@@ -305,14 +306,29 @@ def test_render_known_board() -> None:
     env.reset(seed=0)
     env.board = [[1, 0, 3, 4], [0, 0, 0, 0], [2, 1, 4, 3], [4, 3, 0, 1]]
     assert env.render() == "1 _ 3 4\n_ _ _ _\n2 1 4 3\n4 3 _ 1"
-    assert env.describe() == "Empty at (0,1), (1,0), (1,1), (1,2), (1,3), (3,2)."
+    assert env.describe() == "Empty at (1,2), (2,1), (2,2), (2,3), (2,4), (4,3)."
 
 
-def test_rules_state_both_index_conventions() -> None:
+def test_described_cells_are_written_as_the_description_names_them() -> None:
+    """Issue 17: the state description and the r,c,v actions count cells the same way, so
+    a cell copied from the description into an action fills that very cell."""
+    env = make("sudoku")
+    env.reset(seed=4)
+    while "none" not in env.describe():
+        r, c = (int(x) for x in re.search(r"\((\d+),(\d+)\)", env.describe()).groups())
+        before = env.describe()
+        _, _, _, _, info = env.step(f"{r},{c},{env.solution[r - 1][c - 1]}")
+        assert info["action_valid"], info.get("reason")
+        assert f"({r},{c})" in before and f"({r},{c})" not in env.describe()
+    assert env.is_success()
+
+
+def test_rules_state_one_index_convention() -> None:
     env = make("sudoku")
     env.reset(seed=0)
     text = env.rules()
-    assert "0-indexed" in text and "1-indexed" in text and "_" in text and "r,c,v" in text
+    assert "1-indexed" in text and "0-indexed" not in text and "_" in text and "r,c,v" in text
+    assert "described as (1,2) is written with 1,2,v" in text
     assert "1,2,3" in env.action_help
 
 

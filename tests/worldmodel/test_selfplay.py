@@ -79,6 +79,15 @@ def test_randomize_coordinates_is_seeded():
     assert re.fullmatch(r"Player at \(\d,\d\); Goal at \(\d,\d\)\.", a)
 
 
+def test_random_coordinates_count_from_the_envs_coordinate_base():
+    """Sudoku describes cells 1-indexed: its random coordinates stay in 1..n."""
+    import numpy as np
+
+    text = ", ".join(["(1,1)"] * 200)
+    cells = re.findall(r"\((\d),(\d)\)", randomize_coordinates(text, 4, 4, np.random.default_rng(0), base=1))
+    assert {int(x) for cell in cells for x in cell} == {1, 2, 3, 4}
+
+
 def test_bad_switch_values_are_errors():
     with pytest.raises(ValueError, match="states='dream'.*ground_truth, self_belief"):
         SelfPlayConfig(states="dream")

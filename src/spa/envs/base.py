@@ -8,8 +8,10 @@ Every environment is a gymnasium ``Env`` whose observations and actions are text
   changes nothing, does not count as a step, yields ``info["action_valid"] = False``
   and never raises;
 * ``render() -> str``: the raw text grid (the paper's "raw state");
-* ``describe() -> str``: the structured 0-indexed ``(row, col)`` description of the
-  key entities (the paper's state-estimation text ``b_t``).
+* ``describe() -> str``: the structured ``(row, col)`` description of the key entities
+  (the paper's state-estimation text ``b_t``), 0-indexed unless the environment's
+  actions name cells themselves: then it counts as they do (``coordinate_base``; Sudoku's
+  ``r,c,v`` actions are 1-indexed, so is its description).
 
 ``info`` always carries ``action_valid`` and ``success``. Each environment
 declares its options as a dataclass ``Config``; ``make`` turns keyword arguments
@@ -41,6 +43,9 @@ class TextEnv(gym.Env, ABC):
     name: ClassVar[str]
     Config: ClassVar[type]
     action_help: ClassVar[str]
+    #: The index of the first row and column in ``describe()``. 0 (the paper's convention)
+    #: unless actions name cells, which then share one convention with the description.
+    coordinate_base: ClassVar[int] = 0
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     def __init__(self, config: Any = None) -> None:
@@ -106,7 +111,7 @@ class TextEnv(gym.Env, ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """The 0-indexed (row, col) coordinate description of the key entities."""
+        """The (row, col) coordinate description of the key entities, from ``coordinate_base``."""
 
     @abstractmethod
     def rules(self) -> str:

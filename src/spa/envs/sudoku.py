@@ -10,10 +10,14 @@ uniquely solvable, until the target clue count is reached or no cell can be remo
 A removal that fails once can never succeed later (removing more cells only adds
 solutions), so one pass over the cells is enough.
 
-Actions are ``r,c,v`` with 1-indexed row, column and value, as in the paper's setup,
-while ``describe()`` uses the project's 0-indexed ``(row, col)`` convention; ``rules()``
-states both. Any non-clue cell may be written, even with a wrong or conflicting value:
-the agent has to learn the rules, and may overwrite its own mistakes.
+Actions are ``r,c,v`` with 1-indexed row, column and value, as in the paper's setup, and
+``describe()`` lists cells 1-indexed too (``coordinate_base = 1``): unlike Sokoban and
+FrozenLake, whose actions are directions, here the model copies coordinates from the
+state description into its actions, and one convention for both leaves nothing to
+translate (issue 17). ``rules()`` says so. The Python-side ``clues`` and
+``empty_cells()`` stay 0-indexed list indices. Any non-clue cell may be written, even
+with a wrong or conflicting value: the agent has to learn the rules, and may overwrite
+its own mistakes.
 """
 
 from __future__ import annotations
@@ -164,15 +168,16 @@ class SudokuEnv(TextEnv):
     """Sudoku with text actions ``r,c,v`` (1-indexed); reward 1 when solved, else 0.
 
     Public state: ``board`` and ``solution`` (lists of rows of ints, 0 = empty) and
-    ``clues`` (the 0-indexed ``(row, col)`` cells given at the start, read-only).
-    ``render()`` shows one row per line, cells separated by single spaces, ``_`` for
-    an empty cell; ``describe()`` lists the empty cells, e.g.
-    ``Empty at (0,1), (2,3).``, or ``Empty at none.`` when the grid is full.
+    ``clues`` (the 0-indexed ``(row, col)`` list indices of the cells given at the start,
+    read-only). ``render()`` shows one row per line, cells separated by single spaces,
+    ``_`` for an empty cell; ``describe()`` lists the empty cells 1-indexed, as actions
+    name them, e.g. ``Empty at (1,2), (3,4).``, or ``Empty at none.`` when the grid is full.
     A complete but wrong board does not end the episode: the agent may still fix it.
     """
 
     name = "sudoku"
     Config = SudokuConfig
+    coordinate_base = 1  # describe() names cells as the r,c,v actions do
     action_help = (
         "write r,c,v to put value v in row r, column c, all counted from 1 (e.g. 1,2,3)"
     )
@@ -228,7 +233,8 @@ class SudokuEnv(TextEnv):
         return "\n".join(" ".join(str(v) if v else "_" for v in row) for row in self.board)
 
     def describe(self) -> str:
-        cells = ", ".join(f"({r},{c})" for r, c in self.empty_cells())
+        base = self.coordinate_base
+        cells = ", ".join(f"({r + base},{c + base})" for r, c in self.empty_cells())
         return f"Empty at {cells or 'none'}."
 
     def rules(self) -> str:
@@ -238,9 +244,9 @@ class SudokuEnv(TextEnv):
             f"that each row, each column and each {b}x{b} box contains every digit 1-{n} "
             "exactly once; the puzzle has exactly one solution. Symbols: a digit is a filled "
             "cell, _ is an empty cell. The grid is shown one row per line, cells separated "
-            "by spaces. The state description gives cells as (row, col), 0-indexed from the "
-            "top-left. Actions are r,c,v with row r, column c and value v all 1-indexed "
-            "(counted from 1 at the top-left): the cell described as (0,1) is written with "
+            "by spaces. Rows and columns are 1-indexed, counted from 1 at the top-left, both "
+            "in the state description's (row, col) and in actions: an action is r,c,v with "
+            "row r, column c and value v, so the cell described as (1,2) is written with "
             "1,2,v. The digits given at the start cannot be changed; any other cell can be "
             "written again to fix a mistake. Reward 1 when the grid is complete and correct, "
             "otherwise 0."

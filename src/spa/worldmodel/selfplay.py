@@ -32,7 +32,7 @@ from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
-from spa.envs import make
+from spa.envs import env_class, make
 from spa.eval.metrics import grid_cells
 
 STATES = ("ground_truth", "self_belief")
@@ -87,9 +87,13 @@ def replace_span(text: str, tag: str, content: str) -> str:
     return text[: start + len(tag) + 2] + content + text[end:]
 
 
-def randomize_coordinates(state: str, rows: int, cols: int, rng: np.random.Generator) -> str:
-    """Every ``(r,c)`` in ``state`` replaced by a random in-grid coordinate (same format)."""
-    return _COORD.sub(lambda _: f"({int(rng.integers(rows))},{int(rng.integers(cols))})", state)
+def randomize_coordinates(state: str, rows: int, cols: int, rng: np.random.Generator, base: int = 0) -> str:
+    """Every ``(r,c)`` in ``state`` replaced by a random in-grid coordinate (same format).
+
+    ``base`` is the environment's ``coordinate_base`` (1 for Sudoku), so the random
+    coordinates stay inside the grid as the description counts it."""
+    return _COORD.sub(
+        lambda _: f"({int(rng.integers(rows)) + base},{int(rng.integers(cols)) + base})", state)
 
 
 def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Generator) -> str:
@@ -109,8 +113,9 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     if config.coords == "random":
         cells = grid_cells(turn.grid_before)
         rows, cols = len(cells), max(len(row) for row in cells)
-        before = randomize_coordinates(before, rows, cols, rng)
-        after = randomize_coordinates(after, rows, cols, rng)
+        base = env_class(config.env).coordinate_base
+        before = randomize_coordinates(before, rows, cols, rng, base)
+        after = randomize_coordinates(after, rows, cols, rng, base)
     response = replace_span(response, "observation", before)
     return replace_span(response, "prediction", after)
 
