@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 
 import gymnasium as gym
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 
 from spa.envs import make
 from spa.envs.frozen_lake import ACTIONS, FrozenLakeEnv
+
+#: What every environment accepts around a name (spa.envs.base.clean_action), written out.
+VALID_SPELLING = re.compile(r"\s*(left|down|right|up)[\s.,;:!?]*", re.IGNORECASE)
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 GYM_8X8 = [
@@ -208,12 +212,12 @@ def test_describe_without_holes() -> None:
     assert env.describe() == "Player at (0,0); Goal at (1,1)."
 
 
-@pytest.mark.parametrize("text", [" left ", "DOWN", "rIgHt\n", "\tUp"])
+@pytest.mark.parametrize("text", [" left ", "DOWN", "rIgHt\n", "\tUp", "Left.", "up!", " Down . "])
 def test_action_names_are_case_insensitive(text: str) -> None:
     env = FrozenLakeEnv.from_desc(GYM_4X4, is_slippery=False)
     env.reset(seed=0)
     _, _, _, _, info = env.step(text)
-    assert info["action_valid"] and info["action"] == text.strip().capitalize()
+    assert info["action_valid"] and info["action"] == text.strip(" .!\n\t").capitalize()
 
 
 def test_invalid_actions_change_nothing_and_do_not_touch_the_rng() -> None:
@@ -221,7 +225,7 @@ def test_invalid_actions_change_nothing_and_do_not_touch_the_rng() -> None:
     clean = make("frozenlake", size=6, success_rate=0.5, max_steps=2)
     env.reset(seed=5)
     clean.reset(seed=5)
-    for bad in ["", "  ", "jump", "Left Right", "lef", "Left.", None, 3]:
+    for bad in ["", "  ", "jump", "Left Right", "lef", ".Left", None, 3]:
         before = (env.render(), env.describe())
         obs, reward, terminated, truncated, info = env.step(bad)  # type: ignore[arg-type]
         assert (obs, reward, terminated, truncated) == (before[0], 0.0, False, False)
@@ -238,7 +242,7 @@ def test_step_never_raises(text: str) -> None:
     env = FrozenLakeEnv.from_desc(GYM_4X4)
     env.reset(seed=0)
     _, _, _, _, info = env.step(text)
-    assert info["action_valid"] == (text.strip().lower() in {"left", "down", "right", "up"})
+    assert info["action_valid"] == bool(VALID_SPELLING.fullmatch(text))
 
 
 def test_truncation_after_max_steps() -> None:

@@ -79,3 +79,45 @@ def test_random_actions_are_valid(name):
             assert info["action_valid"]
             if terminated or truncated:
                 break
+
+
+# -- one action-name matcher for every environment (issue 17) ------------------------
+SPELLINGS = ["{a}", " {a} ", "{a}.", "{a}!", "{a} .", "\t{a}?\n", "{a}...", "{a},", "{a};", "{a}:"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_env_reads_an_action_the_same_way(name, spelling):
+    """Surrounding whitespace and trailing punctuation are ignored, and names in any case
+    match, in every environment alike (FrozenLake used to reject "Left.")."""
+    import numpy as np
+
+    env = envs.make(name)
+    env.reset(seed=1)
+    action = env.random_action(np.random.default_rng(0))
+    for text in (spelling.format(a=action), spelling.format(a=action.lower()),
+                 spelling.format(a=action.upper())):
+        assert env._parse_action(text) == env._parse_action(action) is not None, repr(text)
+        twin = envs.make(name)
+        twin.reset(seed=1)
+        assert twin.step(text)[4]["action_valid"], repr(text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("spelling", [".{a}", "{a}x", "{a} {a}", "'{a}'", "{a}-", ""])
+def test_every_env_rejects_the_same_near_misses(name, spelling):
+    import numpy as np
+
+    env = envs.make(name)
+    env.reset(seed=1)
+    action = env.random_action(np.random.default_rng(0))
+    assert env._parse_action(spelling.format(a=action)) is None
+
+
+def test_match_name_and_clean_action():
+    from spa.envs.base import clean_action, match_name
+
+    assert clean_action("  Left. !\u00a0.") == "Left" and clean_action(".Left") == ".Left"
+    assert match_name("rIGHT!", ("Left", "Right")) == "Right"
+    assert match_name("Righty", ("Left", "Right")) is None and match_name("", ("Left",)) is None
+    assert clean_action("a" + ". " * 50_000) == "a"  # linear, however long the tail

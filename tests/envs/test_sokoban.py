@@ -7,6 +7,7 @@ alone, independent of the environment's own reverse-play search.
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 
 import pytest
@@ -191,7 +192,7 @@ def test_truncation_after_max_steps():
     assert not any(r[2] for r in results)
 
 
-@pytest.mark.parametrize("text", ["jump", "", "UPP", "up up", "north", "Up!", "U"])
+@pytest.mark.parametrize("text", ["jump", "", "UPP", "up up", "north", "!Up", "U"])
 def test_invalid_text_changes_nothing(text):
     env = Sokoban.from_text(ROOM)
     obs, reward, terminated, truncated, info = env.step(text)
@@ -215,7 +216,7 @@ def test_action_names_are_case_insensitive(text, player):
 def test_step_never_raises(text):
     env = Sokoban.from_text(ROOM)
     _, _, _, _, info = env.step(text)
-    valid = text.strip().rstrip(".").strip().lower() in {"up", "down", "left", "right"}
+    valid = bool(re.fullmatch(r"\s*(up|down|left|right)[\s.,;:!?]*", text, re.IGNORECASE))
     assert info["action_valid"] == valid
 
 

@@ -4,7 +4,9 @@ Every environment is a gymnasium ``Env`` whose observations and actions are text
 
 * ``reset(seed=...) -> (obs, info)``: deterministic for a given seed;
 * ``step(action_text) -> (obs, reward, terminated, truncated, info)``: one action
-  per call, names matched case-insensitively. An invalid or unparsable action
+  per call, read by one shared rule (:func:`clean_action`, :func:`match_name`): names
+  case-insensitive, surrounding whitespace and trailing punctuation ignored, so
+  ``" left. "`` is ``Left`` in every environment. An invalid or unparsable action
   changes nothing, does not count as a step, yields ``info["action_valid"] = False``
   and never raises;
 * ``render() -> str``: the raw text grid (the paper's "raw state");
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -30,6 +33,29 @@ from gymnasium import spaces
 
 #: Characters a grid or an action may contain; gymnasium's ``Text`` space needs a charset.
 _CHARSET = "".join(chr(c) for c in range(32, 127)) + "√\n"
+
+#: Punctuation a model puts after an action as if ending a sentence ("Left.", "Up!").
+TRAILING_PUNCTUATION = ".,;:!?"
+
+
+def clean_action(text: str) -> str:
+    """``text`` without surrounding whitespace and trailing punctuation: what every
+    environment parses, so they all accept the same spellings (issue 17: FrozenLake
+    rejected ``Left.``, which Sokoban accepted). Leading punctuation is kept: ``.Left``
+    is not a sentence ending and stays invalid."""
+    # One backwards scan (linear even on adversarial text, unlike an end-anchored regex),
+    # through any mix of whitespace and punctuation: "Left. !" and "Left.\u00a0." too.
+    end = len(text)
+    while end and (text[end - 1] in TRAILING_PUNCTUATION or text[end - 1].isspace()):
+        end -= 1
+    return text[:end].lstrip()
+
+
+def match_name(text: str, names: Sequence[str]) -> str | None:
+    """The one of ``names`` that ``text`` spells, ignoring case, surrounding whitespace
+    and trailing punctuation (:func:`clean_action`); ``None`` when it spells none."""
+    word = clean_action(text).lower()
+    return next((name for name in names if name.lower() == word), None)
 
 
 class TextEnv(gym.Env, ABC):
@@ -91,7 +117,10 @@ class TextEnv(gym.Env, ABC):
 
     @abstractmethod
     def _parse_action(self, text: str) -> Any | None:
-        """The action ``text`` names, or ``None``; must not raise on any string."""
+        """The action ``text`` names, or ``None``; must not raise on any string.
+
+        Read ``text`` through :func:`clean_action` (or :func:`match_name` for named
+        actions), so that every environment tolerates the same noise around an action."""
 
     @abstractmethod
     def _apply(self, action: Any) -> tuple[float, bool] | str:

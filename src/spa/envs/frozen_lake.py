@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from spa.envs.base import TextEnv, check_range, field, register
+from spa.envs.base import TextEnv, check_range, field, match_name, register
 
 Pos = tuple[int, int]
 
@@ -41,7 +41,6 @@ Pos = tuple[int, int]
 #: perpendicular moves of action ``i`` are ``(i - 1) % 4`` and ``(i + 1) % 4``.
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
 _MOVES: dict[str, Pos] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-_BY_LOWER: dict[str, str] = {name.lower(): name for name in ACTIONS}
 
 
 def _check_int(option: str, value: Any, low: int, high: float) -> None:
@@ -170,7 +169,7 @@ class FrozenLakeEnv(TextEnv):
         self._pos: Pos = self._start
 
     def _parse_action(self, text: str) -> str | None:
-        return _BY_LOWER.get(text.strip().lower())
+        return match_name(text, ACTIONS)
 
     def _apply(self, action: str) -> tuple[float, bool]:
         if self._ended():

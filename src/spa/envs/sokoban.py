@@ -14,13 +14,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from spa.envs.base import TextEnv, check_range, field, register
+from spa.envs.base import TextEnv, check_range, field, match_name, register
 
 Cell = tuple[int, int]
 
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#_OX√PS"
-#: Action name -> (row, col) offset. Keys are lower case; parsing lowercases the text.
+#: Action name (lower case) -> (row, col) offset.
 MOVES: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+#: The action names as the agent writes them (``match_name`` reads any case).
+ACTIONS: tuple[str, ...] = tuple(name.capitalize() for name in MOVES)
 STEP_REWARD, BOX_ON_REWARD, BOX_OFF_REWARD, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
 
 _TURN_PROB = 0.35  # chance the carving walk changes direction at a step (as gym-sokoban)
@@ -253,8 +255,7 @@ class Sokoban(TextEnv):
 
     # -- dynamics -------------------------------------------------------------------
     def _parse_action(self, text: str) -> str | None:
-        word = text.strip().rstrip(".").strip().lower()
-        return word.capitalize() if word in MOVES else None
+        return match_name(text, ACTIONS)
 
     def _blocked(self, cell: Cell) -> bool:
         inside = 0 <= cell[0] < self._height and 0 <= cell[1] < self._width

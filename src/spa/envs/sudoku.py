@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from spa.envs.base import TextEnv, check_choice, check_range, field, register
+from spa.envs.base import TextEnv, check_choice, check_range, clean_action, field, register
 
 #: Target clue counts per grid size and difficulty (fewer clues: more cells to fill).
 #: Greedy removal may stop above the target when no more cells can be removed.
@@ -38,7 +38,8 @@ CLUES: dict[int, dict[str, int]] = {
 #: The fewest clues a uniquely solvable puzzle can have (17 for 9x9: McGuire et al. 2012).
 MIN_CLUES: dict[int, int] = {4: 4, 9: 17}
 
-#: ``r,c,v`` with optional spaces around the numbers; parentheses are stripped before.
+#: ``r,c,v`` with optional spaces around the numbers; ``clean_action`` and the
+#: parentheses are stripped before.
 _ACTION = re.compile(r"\s*([0-9]{1,6})\s*,\s*([0-9]{1,6})\s*,\s*([0-9]{1,6})\s*")
 
 
@@ -193,7 +194,7 @@ class SudokuEnv(TextEnv):
         )
 
     def _parse_action(self, text: str) -> tuple[int, int, int] | None:
-        text = text.strip()
+        text = clean_action(text)
         if text.startswith("(") and text.endswith(")"):
             text = text[1:-1]
         match = _ACTION.fullmatch(text)
