@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from spa.agent.parsing import parse_response
 from spa.eval.metrics import aligned_cells, cell_accuracy, exact_match, grid_cells
 
 #: RWML's threshold on the cosine distance. The paper's value is not in the seed
@@ -36,6 +35,7 @@ EMBEDDING_TAU = 0.003
 _COORD_LINE = re.compile(r"^\s*[A-Za-z][A-Za-z ]*?\s+at\s+(\(|none\b)", re.IGNORECASE)
 _FACT = re.compile(r"([A-Za-z][A-Za-z ]*?)\s+at\s+([^;\n]*)", re.IGNORECASE)
 _PAIR = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+_OPEN, _CLOSE = "<prediction>", "</prediction>"
 
 
 def _text(completion) -> str:
@@ -46,15 +46,27 @@ def _text(completion) -> str:
 
 
 def extract_prediction(completion) -> str | None:
-    """The content of the completion's first complete ``<prediction>`` block, or ``None``.
+    """The content of the completion's last complete ``<prediction>`` block, or ``None``.
 
     The block may sit inside ``<think>`` (SPA's world-model format) or after it (the RWML
-    prompt of ``spa.rl.rwml``): the think tags are removed and ``parse_response`` reads
-    the first prediction block of the rest. An empty block counts as missing.
+    prompt of ``spa.rl.rwml``). "Last complete block": the last opening tag that is closed
+    later, up to the first closing tag after it, so the content holds no tag of its own.
+    With several blocks the last one is the answer (a model that names the tag in its
+    reasoning, "I will write the grid in <prediction>", or revises its guess, is judged on
+    what it wrote last); nested tags give the innermost last block, and an opening tag
+    never closed is ignored. (Reading from the first opening tag to the first closing one,
+    as before issue 17, returned ``a<prediction>b`` for
+    ``<prediction>a<prediction>b</prediction></prediction>``.) An empty block counts as
+    missing. ``parse_response`` keeps its own rule (a repeated tag is judged on its first
+    use); this function is what the world-model rewards read.
     """
-    text = _text(completion).replace("<think>", "").replace("</think>", "")
-    prediction = parse_response(f"<think>{text}</think>").prediction
-    return prediction or None
+    text = _text(completion)
+    last_close = text.rfind(_CLOSE)
+    start = text.rfind(_OPEN, 0, last_close) if last_close >= 0 else -1
+    if start < 0:
+        return None
+    start += len(_OPEN)
+    return text[start : text.find(_CLOSE, start)].strip() or None
 
 
 def split_state(text: str) -> tuple[str, str]:
