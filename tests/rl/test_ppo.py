@@ -248,6 +248,32 @@ def test_tokens_outside_the_loss_mask_get_no_gradient_and_no_entropy(tiny):
     assert stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["actor/clipfrac"] == 0.0
 
 
+def test_the_logged_policy_loss_is_the_clipped_surrogate_alone(tiny):
+    """Issue 17: actor/policy_loss is the clipped loss only; the entropy and KL terms are
+    logged apart, and the three add up to actor/loss. With old log-probs equal to the
+    policy's the ratio is 1, so the clipped loss is the token mean of -A."""
+    model, _ = tiny
+    reference = copy.deepcopy(model)
+    with torch.no_grad():  # a reference that differs, so the KL term is not 0
+        reference.get_output_embeddings().weight.mul_(3)
+    sample = Sample([1, 2, 3, 40, 41, 42, 43], 3, torch.zeros(4), 0, 0)
+    with torch.no_grad():
+        logprobs, entropy, _ = policy_forward(model, *collate([sample], 0))
+    sample.old_logprobs, sample.advantages = logprobs[0], torch.tensor([1.0, -0.5, 2.0, 0.25])
+    config = PPOConfig(algorithm="grpo", minibatch_size=1, micro_batch_size=1, precision="fp32",
+                       entropy_coef=0.5, kl_coef=0.25)
+    policy = copy.deepcopy(model)
+    stats = update_actor(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0), [sample],
+                         local_table([sample], config.aggregation), config, 0, torch.autocast("cpu", enabled=False),
+                         np.random.default_rng(0))
+    assert stats["actor/policy_loss"] == pytest.approx(-sample.advantages.mean().item(), rel=1e-5)
+    assert stats["actor/entropy_loss"] == pytest.approx(-0.5 * entropy[0].mean().item(), rel=1e-5)
+    assert stats["actor/kl_loss"] == pytest.approx(0.25 * stats["actor/kl_ref"], rel=1e-5)
+    assert stats["actor/kl_loss"] > 1e-4
+    assert stats["actor/loss"] == pytest.approx(
+        stats["actor/policy_loss"] + stats["actor/entropy_loss"] + stats["actor/kl_loss"], rel=1e-5)
+
+
 def test_recompute_applies_the_sampling_temperature(tiny):
     """The engine samples from softmax(logits / T) and records those log-probs; the
     trainer's recompute must give the same numbers (fp32: to float precision)."""

@@ -233,10 +233,15 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
                  pad_id: int, autocast, rng: np.random.Generator) -> dict:
     """PPO clipped policy loss - entropy bonus (+ KL to the reference), over minibatches.
 
-    The loss, the entropy and the stats cover each sample's ``loss_mask`` tokens. Besides
-    the averages over all minibatches, ``actor/first_ratio`` and ``actor/first_clipfrac``
-    are those of the first minibatch, before any optimizer step: how far the trainer's
-    log-probs are from the sampler's (1 and 0 when they agree).
+    The loss, the entropy and the stats cover each sample's ``loss_mask`` tokens. The
+    terms are logged apart (issue 17: ``actor/policy_loss`` used to include the other
+    two): ``actor/policy_loss`` the clipped surrogate alone, ``actor/entropy_loss`` the
+    entropy term as added to the loss (``-entropy_coef * entropy``), ``actor/kl_loss``
+    the KL term (``kl_coef * KL``, 0 without a reference) and ``actor/loss`` their sum,
+    the loss that is minimised. Besides the averages over all minibatches,
+    ``actor/first_ratio`` and ``actor/first_clipfrac`` are those of the first minibatch,
+    before any optimizer step: how far the trainer's log-probs are from the sampler's
+    (1 and 0 when they agree).
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
@@ -251,18 +256,21 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
             old, adv, in_loss = _on_device([pad_responses([s.old_logprobs for s in mb])[0],
                                             pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
             mask = mask & in_loss
-            loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
-                                           config.dual_clip, config.aggregation)
+            pg_loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
+                                              config.dual_clip, config.aggregation)
             ent = core.aggregate(entropy, mask, config.aggregation)
-            loss = loss - config.entropy_coef * ent
+            entropy_loss = -config.entropy_coef * ent
+            kl_loss = torch.zeros_like(entropy_loss)
             if reference is not None:
                 with torch.no_grad(), autocast:
                     ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
                 kl = core.aggregate(core.kl_penalty(logprobs, ref, config.kl_estimator), mask, config.aggregation)
-                loss = loss + config.kl_coef * kl
+                kl_loss = config.kl_coef * kl
                 stats["kl_ref"] = kl.item()
+            loss = pg_loss + entropy_loss + kl_loss
             (loss * _units(mb, config.aggregation) / total).backward()
-            stats.update(policy_loss=loss.item(), entropy=ent.item())
+            stats.update(policy_loss=pg_loss.item(), entropy_loss=entropy_loss.item(), kl_loss=kl_loss.item(),
+                         loss=loss.item(), entropy=ent.item())
             n = int(mask.sum())
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v * n
