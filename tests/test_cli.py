@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from spa.cli import app
@@ -149,3 +150,29 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
     assert result.output.count("compute: fp32 (this CPU") == 1
     result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)
     assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
+
+
+# -- help at 80 columns (issue 17) -----------------------------------------------------
+def _commands():
+    import typer.main
+
+    return typer.main.get_command(app).commands
+
+
+@pytest.mark.parametrize("columns", [None, "80", "200"])
+@pytest.mark.parametrize("command", [None, *_commands()])
+def test_help_is_readable_at_80_columns_and_shows_an_example(command, columns):
+    """Where the terminal width is unknown (logs, CI) or wide, help stays within 80
+    columns, an option's help is not squeezed into a narrow box (its first words stay
+    on one line), and each help ends with one example invocation of its command."""
+    args = [command, "--help"] if command else ["--help"]
+    result = runner.invoke(app, args, env={"COLUMNS": columns}, prog_name="spa")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    example = lines.index("  Example:")
+    assert (lines[example + 1].strip() + " ").startswith(f"spa {command} " if command else "spa ")
+    params = _commands()[command].params if command else []
+    for param in params:
+        words = " ".join((getattr(param, "help", None) or "").split()[:4])
+        assert any(words in line for line in lines), f"{command}: {words!r} is wrapped"

@@ -10,11 +10,23 @@ from rich.console import Console
 
 from spa import envs
 
+
+def example(command: str) -> str:
+    """A help epilog showing one invocation, kept on its own line (click's ``\\b`` marker
+    stops the paragraph from being re-wrapped)."""
+    return f"\b\nExample:\n  {command}"
+
+
 app = typer.Typer(
     help="Train LLM agents with an internal world model (SPA), with RWML and RL baselines.",
+    epilog=example("spa run configs/frozenlake-spa.yaml --preset quick"),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help instead of rich's boxes (issue 17): where the terminal width is
+    # unknown (logs, CI) rich laid options out in four columns and squeezed their help into
+    # about 15 characters; click's two-column list wraps to min(terminal, 80) columns.
+    rich_markup_mode=None,
 )
 console = Console()
 

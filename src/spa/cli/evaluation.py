@@ -7,10 +7,10 @@ from rich.table import Table
 
 from spa import envs
 from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, ModeOption, app,
-                            console, load, make_env, parse_options, prompt_config)
+                            console, example, load, make_env, parse_options, prompt_config)
 
 
-@app.command("eval")
+@app.command("eval", epilog=example("spa eval --env sokoban --policy oracle --num-envs 16"))
 def evaluate_command(
     env: str = EnvNameOption,
     model: str = ModelOption,
@@ -31,7 +31,11 @@ def evaluate_command(
     policy: str = typer.Option("model", help="Who plays: model, random (uniform valid actions) or "
                                "oracle (a solver's shortest solution); random and oracle load no model."),
 ) -> None:
-    """Evaluate a model (or a random or oracle baseline): Pass@k, valid rates, world-model accuracy."""
+    """Evaluate a model or a baseline on the fixed evaluation seeds.
+
+    Pass@k, valid-action rates and world-model accuracy; --policy random or oracle plays a
+    baseline instead of the model.
+    """
     from spa.eval.baselines import POLICIES, evaluate_policy
     from spa.eval.evaluate import EvalConfig, evaluate, metric_rows
 
@@ -58,7 +62,7 @@ def evaluate_command(
     console.print(f"{metrics['wall_seconds']} s; wrote {out_dir}/metrics.json, report.md, trajectories.jsonl")
 
 
-@app.command()
+@app.command(epilog=example("spa ppl -e sokoban -e sudoku --num-states 32"))
 def ppl(
     env: list[str] = typer.Option(None, "--env", "-e", help="Environment(s); default: all."),
     model: str = ModelOption,
@@ -66,7 +70,10 @@ def ppl(
     dtype: str = typer.Option("fp32", help="Compute dtype (fp32 default: perplexity is a precise number)."),
     out: str = typer.Option(None, help="Also write the results as JSON here."),
 ) -> None:
-    """State perplexity of raw grids vs grids with coordinates (the paper's Table 1)."""
+    """State perplexity of raw grids vs grids with coordinates.
+
+    The paper's Table 1 measurement.
+    """
     from spa.eval.perplexity import sample_states, state_perplexity
     from spa.io import write_json
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import app, console
+from spa.cli.common import app, console, example
 
 
-@app.command()
+@app.command(epilog=example("spa run configs/frozenlake-spa.yaml --preset quick"))
 def run(
     config: str = typer.Argument(..., help="Recipe YAML, e.g. configs/sokoban-spa.yaml."),
     overrides: list[str] = typer.Argument(None, help="Recipe fields as key=value, e.g. ppo.steps=20."),
@@ -20,7 +20,10 @@ def run(
     runs_dir: str = typer.Option("runs", help="Folder of the runs."),
     until: str = typer.Option(None, help="Stop after this stage (e.g. eval_sft); run again without it to go on."),
 ) -> None:
-    """Run a recipe's stages into RUNS_DIR/NAME; run it again to continue after an interruption."""
+    """Run every stage of a recipe into RUNS_DIR/NAME.
+
+    Run it again to continue after an interruption.
+    """
     from spa.config import ConfigError
     from spa.pipeline.recipe import load_recipe
     from spa.pipeline.run import Run
@@ -45,12 +48,15 @@ def run(
         console.print(f"report: {folder / 'report.md'}")
 
 
-@app.command()
+@app.command(epilog=example("spa compare runs/frozenlake-spa-quick runs/frozenlake-vanilla-quick"))
 def compare(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
     out: str = typer.Option("comparison", help="Output folder: comparison.md and curves.png."),
 ) -> None:
-    """Side-by-side table (Pass@1, Pass@8 of the base model, before RL and after) and overlaid training curves."""
+    """Compare runs: a side-by-side table and overlaid training curves.
+
+    The table has Pass@1 and Pass@8 of the base model, before RL and after.
+    """
     from spa.pipeline.report import compare as write_comparison
 
     try:

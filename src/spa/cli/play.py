@@ -6,11 +6,11 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, load, make_env, parse_options,
-                            prompt_config)
+from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, example, load, make_env,
+                            parse_options, prompt_config)
 
 
-@app.command("envs")
+@app.command("envs", epilog=example("spa envs"))
 def list_envs() -> None:
     """List the environments and their options with defaults."""
     table = Table(title="Environments (spa.envs.make(name, **options))")
@@ -23,13 +23,13 @@ def list_envs() -> None:
     console.print(table)
 
 
-@app.command()
+@app.command(epilog=example("spa play frozenlake --seed 3 -o size=6"))
 def play(
     env: str = typer.Argument(..., help=f"Environment: {', '.join(envs.env_names())}."),
     seed: int = typer.Option(0, help="Seed of the episode (the same seed, the same level)."),
     option: list[str] = EnvOption,
 ) -> None:
-    """Play an environment yourself in the terminal (Ctrl-D or Ctrl-C quits)."""
+    """Play an environment yourself in the terminal. Ctrl-D or Ctrl-C quits."""
     game = make_env(env, option)
     game.reset(seed=seed)
     console.print(game.rules(), style="dim")
@@ -57,7 +57,7 @@ def play(
         console.print(f"episode over: {verdict}, total reward {total:+.2f}")
 
 
-@app.command()
+@app.command(epilog=example("spa demo --env frozenlake --model tiny --episodes 1"))
 def demo(
     env: str = typer.Option("sokoban", help=f"Environment: {', '.join(envs.env_names())}."),
     model: str = ModelOption,
@@ -68,7 +68,7 @@ def demo(
     dtype: str = DtypeOption,
     option: list[str] = EnvOption,
 ) -> None:
-    """A short self-play demo: the model plays in world-model mode at temperature 1."""
+    """Watch the model play in world-model mode at temperature 1."""
     from spa.agent.rollout import RolloutConfig, rollout
     from spa.models.engine import Engine, SamplingParams
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load_for_training,
-                            make_env, parse_options, settings)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
+                            load_for_training, make_env, parse_options, settings)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
 
-@app.command()
+@app.command(epilog=example("spa rwml -e frozenlake --out runs/fl-rwml --reward change --steps 20"))
 def rwml(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: triplets.jsonl, checkpoint/, metrics.jsonl, eval/."),
@@ -37,7 +37,10 @@ def rwml(
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
-    """RWML: train the policy to predict next states with GRPO; report accuracy before and after."""
+    """RWML: the policy learns to predict next states, with GRPO.
+
+    Reports the next-state accuracy before and after.
+    """
     from spa.rl.rwml_train import RWMLConfig, run
 
     make_env(env, option)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, load,
-                            load_for_training, make_env, parse_options, prompt_config, settings)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
+                            load, load_for_training, make_env, parse_options, prompt_config, settings)
 
 
-@app.command()
+@app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 64"))
 def selfplay(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
@@ -29,7 +29,11 @@ def selfplay(
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,
 ) -> None:
-    """Self-play world-model data: play, replace imagined states by true ones, write SFT examples."""
+    """Self-play world-model data with true states, as SFT examples.
+
+    The model plays; the states it imagined are replaced by the true ones and each
+    well-formed turn becomes one SFT example.
+    """
     from spa.io import write_json, write_jsonl
     from spa.models.engine import Engine
     from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
@@ -61,7 +65,7 @@ def selfplay(
                   f"{stats['wall_seconds']} s -> {out}")
 
 
-@app.command()
+@app.command(epilog=example("spa sft --data data/fl.jsonl --out ckpt/fl-sft --epochs 1"))
 def sft(
     data: str = typer.Option(..., help="SFT examples (JSONL from spa selfplay)."),
     out: str = typer.Option(..., help="Checkpoint folder (epoch-N subfolders, metrics.json)."),
@@ -78,7 +82,10 @@ def sft(
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Data order and split seed."),
 ) -> None:
-    """World-model SFT: masked cross-entropy on think + answer tokens, states included."""
+    """World-model SFT on think + answer tokens, states included.
+
+    A masked cross-entropy: prompts and environment text are never trained on.
+    """
     from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
 
     if not Path(data).is_file():
@@ -103,7 +110,7 @@ def sft(
     console.print(f"checkpoints in {out}/epoch-N (Hugging Face format)")
 
 
-@app.command()
+@app.command(epilog=example("spa ppo -e frozenlake --out runs/fl-grpo --algorithm grpo --steps 20"))
 def ppo(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: checkpoint/, metrics.jsonl, tensorboard/, eval/."),
