@@ -20,6 +20,14 @@ Baselines with a world model of their own:
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE.
 
+Seeds: the recipe's ``seed`` is the seed of every stage that does not set its own.
+``selfplay.seed`` (self-play and format-bootstrap data), ``sft.seed`` (the bootstrap's and
+the world-model SFT's data order and split), ``ppo.seed`` and ``rwml.seed`` default to
+null, which means "the recipe's seed"; a number there wins (0 included). The evaluations
+(fixed levels) sample with the recipe's seed, so runs that differ only in a stage seed
+are evaluated alike. Before issue 16 the run silently overwrote every stage's seed with
+the recipe's.
+
 With ``selfplay.bootstrap_episodes > 0`` (the ``learn`` and ``quick`` presets), every method first
 fine-tunes on random-exploration turns so that the model can write the format: spa, rwml
 and vagen in the world-model format, vanilla and state_estimation in their own prompt
@@ -75,6 +83,30 @@ class SelfPlaySection:
                 "model that cannot write the world-model format yet can self-play (a departure from the "
                 "paper, needed by models as small as SmolLM2-135M)."})
     bootstrap_epochs: int = field(default=1, metadata={"help": "Epochs of the format bootstrap."})
+    seed: int | None = field(default=None, metadata={
+        "help": "Seed of the self-play and format-bootstrap data (sampling, random exploration); "
+                "null: the recipe's seed."})
+
+
+_STAGE_SEED_HELP = "Seed of this stage; null: the recipe's seed (a number here wins, 0 included)."
+
+
+# The stage configs as recipe sections: the same fields, except that the seed may be left
+# unset (null), so that the recipe can tell "derive it from the recipe's seed" from an
+# explicit value. Standalone (spa sft, spa ppo, spa rwml) a stage's seed is always a number.
+@dataclass
+class SFTSection(SFTConfig):
+    seed: int | None = field(default=None, metadata={"help": _STAGE_SEED_HELP})
+
+
+@dataclass
+class PPOSection(PPOConfig):
+    seed: int | None = field(default=None, metadata={"help": _STAGE_SEED_HELP})
+
+
+@dataclass
+class RWMLSection(RWMLConfig):
+    seed: int | None = field(default=None, metadata={"help": _STAGE_SEED_HELP})
 
 
 @dataclass
@@ -101,12 +133,14 @@ class Recipe:
     env: EnvSection = field(default_factory=EnvSection)
     prompt: PromptSection = field(default_factory=PromptSection)
     selfplay: SelfPlaySection = field(default_factory=SelfPlaySection)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    rwml: RWMLConfig = field(default_factory=RWMLConfig)
+    sft: SFTSection = field(default_factory=SFTSection)
+    ppo: PPOSection = field(default_factory=PPOSection)
+    rwml: RWMLSection = field(default_factory=RWMLSection)
     vagen: VagenSection = field(default_factory=VagenSection)
     eval: EvalSection = field(default_factory=EvalSection)
-    seed: int = field(default=0, metadata={"help": "Seed of every stage."})
+    seed: int = field(default=0, metadata={
+        "help": "Seed of every stage whose own seed (selfplay.seed, sft.seed, ppo.seed, rwml.seed) is null, "
+                "and of every evaluation."})
     precision: str = field(default="auto", metadata={
         "help": precision.FIELD_HELP + " Every stage uses it, except one whose own precision (sft.precision, "
                                        "ppo.precision, rwml.precision) is set to other than auto."})
@@ -121,6 +155,10 @@ class Recipe:
     def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
         """A stage's own precision where it sets one, else the recipe's."""
         return self.precision if stage.precision == "auto" else stage.precision
+
+    def stage_seed(self, stage: SelfPlaySection | SFTSection | PPOSection | RWMLSection) -> int:
+        """A stage's own seed where it sets one, else the recipe's."""
+        return self.seed if stage.seed is None else stage.seed
 
     @property
     def bootstrap_mode(self) -> str:

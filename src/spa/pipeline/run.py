@@ -69,7 +69,7 @@ class Run:
         config = self.dir / "config.yaml"
         if config.exists():
             # Keys a newer version added are not in the saved file and do not count.
-            changed = sorted(_diff(read_yaml(config), to_dict(recipe)))
+            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)))
             if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")
@@ -137,7 +137,7 @@ class Run:
         config = SelfPlayConfig(env=r.env.name, env_config=dict(r.env.options), episodes=episodes, samples=samples,
                                 max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
                                 max_new_tokens=s.max_new_tokens, states=s.states, exploration=exploration,
-                                coords=s.coords, seed=r.seed, mode=mode)
+                                coords=s.coords, seed=r.stage_seed(s), mode=mode)
         engine = tokenizer = None
         if exploration == "self_play":
             lm, tokenizer = load_model(model, dtype=self.compute().dtype)
@@ -155,7 +155,7 @@ class Run:
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int) -> str:
         checkpoint = last_checkpoint(out) if out.exists() else None
         lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
-        config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.seed,
+        config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.stage_seed(self.recipe.sft),
                          precision=self.recipe.stage_precision(self.recipe.sft))
         if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
@@ -207,7 +207,8 @@ class Run:
         r, out = self.recipe, self.dir / "rwml"
         checkpoint = resume_point(out)
         lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), dtype="fp32")
-        config = replace(r.rwml, seed=r.seed, max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
+        config = replace(r.rwml, seed=r.stage_seed(r.rwml), max_turns=r.prompt.max_turns,
+                         max_actions_per_turn=r.prompt.max_actions,
                          precision=r.stage_precision(r.rwml))
         summary = rwml_train.run(lm, tokenizer, r.env.name, dict(r.env.options), config, out,
                                  resume=checkpoint is not None, log=self.log)
@@ -222,7 +223,7 @@ class Run:
         checkpoint = resume_point(out)
         lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.start_model(), dtype="fp32")
         rollout_config = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
-        config = replace(r.ppo, seed=r.seed, precision=r.stage_precision(r.ppo))
+        config = replace(r.ppo, seed=r.stage_seed(r.ppo), precision=r.stage_precision(r.ppo))
         probe = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode),
                            num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
                            max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
@@ -253,6 +254,20 @@ class Run:
         from spa.pipeline.report import write_report
 
         return {"report": str(write_report(self.dir))}
+
+
+def _stage_seeds_as_used(saved: dict) -> dict:
+    """A saved recipe with its stage seeds as the run used them.
+
+    Runs saved before stage seeds were honoured (their selfplay section has no ``seed``)
+    ran every stage on the recipe's seed, whatever ``sft.seed``, ``ppo.seed`` or
+    ``rwml.seed`` said: those read as unset (null, "the recipe's seed"), so such a run
+    resumes under the same recipe and is refused under one that sets a stage seed.
+    """
+    if "seed" in (saved.get("selfplay") or {}):
+        return saved
+    return {**saved, **{k: {**saved[k], "seed": None} for k in ("sft", "ppo", "rwml")
+                        if isinstance(saved.get(k), dict) and "seed" in saved[k]}}
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> set[str]:
