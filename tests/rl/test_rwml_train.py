@@ -144,9 +144,14 @@ def test_prediction_accuracy_on_hand_cases(tiny, tmp_path):
     copier = prediction_accuracy(model, tokenizer, wall, engine=ScriptedEngine(tokenizer, [[copy_[0]] * 2]))
     assert (copier["exact"], copier["copied"], copier["changed"], copier["changed_exact"]) == (0.5, 1.0, 1, 0.0)
     assert (right["changed"], right["changed_exact"]) == (2, 1.0)
-    # A copy with the actions tacked on in a second block is still a copy.
-    tacked = [f"<prediction>{BEFORE}<prediction>Right</prediction>"] * 2
+    # A copy with the actions tacked on is still a copy.
+    tacked = [f"<prediction>{BEFORE}\nthen Right</prediction>"] * 2
     assert prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [tacked]))["copied"] == 1.0
+    # A copy left unclosed before a second, closed block: the prediction is that block, the
+    # last complete one (extract_prediction, issue 17), so it is neither a copy nor right.
+    unclosed = [f"<prediction>{BEFORE}<prediction>Right</prediction>"] * 2
+    scores = prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [unclosed]))
+    assert (scores["found"], scores["copied"], scores["exact"], scores["cell"]) == (1.0, 0.0, 0.0, 0.0)
     assert is_copy(BEFORE.replace("Player at (1,1)", "Player at (9,9)"), BEFORE)  # grids decide
     assert not is_copy(AFTER, BEFORE) and not is_copy("", BEFORE)
     with pytest.raises(ValueError, match="at least one triplet"):
