@@ -280,3 +280,29 @@ def test_plain_rl_starts_from_a_bootstrap_in_its_own_prompt_mode(preset, tmp_pat
     examples = [json.loads(line) for line in (folder / "data" / "bootstrap.jsonl").read_text().splitlines()]
     assert examples and all("<observation>" not in e["response"] for e in examples)
     assert all("<answer>" in e["response"] for e in examples)
+
+
+def test_spa_with_a_plain_rl_prompt_bridges_its_sft_to_that_mode(preset, tmp_path):
+    folder = tmp_path / "bridged"
+    recipe = load_recipe(CONFIGS / "frozenlake-spa.yaml", ["prompt.mode=base"], preset=str(preset))
+    Run(recipe, folder, log=lambda _: None).run(until="rl")
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rl"]
+    bridged = stages["bridge"]["outputs"]["model"]
+    assert bridged.endswith("bridge/epoch-1") and stages["rl"]["outputs"]["start"] == bridged
+    assert json.loads(Path(stages["eval_sft"]["outputs"]["base"]["metrics"]).read_text())["model"] == bridged
+    examples = [json.loads(line) for line in (folder / "data" / "bridge.jsonl").read_text().splitlines()]
+    assert examples and all("<observation>" not in e["response"] and "<answer>" in e["response"] for e in examples)
+    assert all("<observation>" in e["response"] for e in map(json.loads, (folder / "data" / "selfplay.jsonl")
+                                                             .read_text().splitlines()))
+
+
+def test_the_bridge_is_a_switch_and_only_for_another_rl_mode(preset):
+    def stages(*overrides):
+        return Run.stage_list(type("R", (), {"recipe": load_recipe(CONFIGS / "frozenlake-spa.yaml", list(overrides),
+                                                                     preset=str(preset))})())
+
+    assert "bridge" in stages("prompt.mode=state")
+    assert "bridge" not in stages()  # the recipe's RL keeps the world-model prompt
+    assert "bridge" not in stages("prompt.mode=base", "selfplay.bridge=false")
+    assert "bridge" not in stages("prompt.mode=base", "selfplay.bootstrap_episodes=0")

@@ -83,6 +83,10 @@ class SelfPlaySection:
                 "model that cannot write the world-model format yet can self-play (a departure from the "
                 "paper, needed by models as small as SmolLM2-135M)."})
     bootstrap_epochs: int = field(default=1, metadata={"help": "Epochs of the format bootstrap."})
+    bridge: bool = field(default=True, metadata={
+        "help": "spa with RL in another prompt mode than world_model (prompt.mode=base or state): after SFT, "
+                "fine-tune bootstrap_epochs on bootstrap_episodes random-exploration episodes in the RL mode, "
+                "so the agent writes that mode's answers (needs bootstrap_episodes > 0)."})
     seed: int | None = field(default=None, metadata={
         "help": "Seed of the self-play and format-bootstrap data (sampling, random exploration); "
                 "null: the recipe's seed."})
@@ -165,6 +169,12 @@ class Recipe:
         """The prompt mode of the format bootstrap: the RL mode for the methods without a
         world model (vanilla, state_estimation), world_model for the others."""
         return self.rl_mode if self.method in ("vanilla", "state_estimation") else "world_model"
+
+    @property
+    def bridged(self) -> bool:
+        """Whether a spa run bridges its world-model SFT to another RL prompt mode."""
+        return (self.method == "spa" and self.rl_mode != "world_model" and self.selfplay.bridge
+                and self.selfplay.bootstrap_episodes > 0)
 
     @property
     def rl_mode(self) -> str:

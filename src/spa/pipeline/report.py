@@ -144,7 +144,7 @@ def write_report(folder: str | Path) -> Path:
              "Pass@k: unbiased estimator over the samples of each evaluation seed; world-model columns: exact "
              "match and per-cell accuracy of `<observation>` / `<prediction>` against the true states (world_model "
              "mode).", ""]
-    for name in ("bootstrap", "selfplay"):
+    for name in ("bootstrap", "selfplay", "bridge"):
         if name in stages:
             o = stages[name]["outputs"]
             lines.append(f"- {name} data: {o['kept']} SFT examples from {o['turns']} turns "

@@ -5,8 +5,11 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
     bootstrap   random-exploration data + SFT that teaches the format (optional; spa, rwml, vagen)
     selfplay    world-model self-play with ground-truth replacement (spa)
     sft         world-model SFT on the self-play data (spa)
+    bridge      a format bridge when RL's prompt mode is not world_model (spa with prompt.mode=base
+                or state): random-exploration turns in the RL mode, so the SFT'd model writes that
+                mode's answers with actions of its own instead of copying the prompt's example
     eval_base   the base model, before any training
-    eval_sft    the SFT checkpoint (spa)
+    eval_sft    the SFT checkpoint, after the bridge when there is one (spa)
     rwml        RWML: GRPO of the policy as a world model (rwml, rwml+ppo)
     eval_rwml   the RWML checkpoint as an agent (rwml+ppo)
     rl          PPO / GRPO from the SFT or RWML checkpoint, else the bootstrap one, else the base model
@@ -44,7 +47,7 @@ from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
-STAGES = ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
+STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
           "report")
 METHOD_STAGES = {
     # With selfplay.bootstrap_episodes > 0 every method starts from a format bootstrap, in
@@ -54,7 +57,7 @@ METHOD_STAGES = {
     # vagen's turn rewards are paid only for well-formed world-model turns, which a small
     # base model never writes: like rwml it starts from the format bootstrap when there is one.
     "vagen": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
-    "spa": {"bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"},
+    "spa": {"bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rl", "eval_final", "report"},
     "rwml": {"bootstrap", "eval_base", "rwml", "eval_final", "report"},
     "rwml+ppo": {"bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"},
 }
@@ -82,6 +85,8 @@ class Run:
         keep = set(METHOD_STAGES[self.recipe.method])
         if not self.recipe.selfplay.bootstrap_episodes:
             keep.discard("bootstrap")
+        if not self.recipe.bridged:
+            keep.discard("bridge")
         return [s for s in STAGES if s in keep]
 
     def run(self, until: str | None = None) -> dict:
@@ -111,9 +116,10 @@ class Run:
         return self.stages[stage]["outputs"][key]
 
     def start_model(self) -> str:
-        """Where RL starts: the SFT checkpoint (spa), the RWML one (rwml+ppo), the format
-        bootstrap (vagen), or the base model (vanilla, state_estimation)."""
-        for stage in ("sft", "rwml"):
+        """Where RL starts: the SFT checkpoint (spa; after the bridge when there is one), the
+        RWML one (rwml+ppo), the format bootstrap (vagen), or the base model (vanilla,
+        state_estimation)."""
+        for stage in ("bridge", "sft", "rwml"):
             if stage in self.stages:
                 return self.output(stage)
         return self.bootstrapped()
@@ -152,11 +158,11 @@ class Run:
         return {"data": str(out), "kept": stats["kept"], "turns": stats["turns"],
                 "malformed": stats["dropped_malformed"], "success_rate": stats["success_rate"]}
 
-    def _fine_tune(self, model: str, data: str, out: Path, epochs: int) -> str:
+    def _fine_tune(self, model: str, data: str, out: Path, epochs: int, **overrides) -> str:
         checkpoint = last_checkpoint(out) if out.exists() else None
         lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
         config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.stage_seed(self.recipe.sft),
-                         precision=self.recipe.stage_precision(self.recipe.sft))
+                         precision=self.recipe.stage_precision(self.recipe.sft), **overrides)
         if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
         return str(last_checkpoint(out))
@@ -195,11 +201,22 @@ class Run:
                                 self.recipe.sft.epochs)
         return {"model": model, "history": json.loads((self.dir / "sft" / "metrics.json").read_text())["epochs"]}
 
+    def _bridge(self) -> dict:
+        # Without it the SFT'd model meets the RL prompt for the first time at RL: SmolLM2-135M
+        # then answers a third of its turns with the format example's actions (README, "The
+        # learn preset on FrozenLake"). No held-out split: the targets are random actions.
+        s = self.recipe.selfplay
+        data = self._selfplay_data(None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
+                                   mode=self.recipe.rl_mode)
+        model = self._fine_tune(self.output("sft"), data["data"], self.dir / "bridge", s.bootstrap_epochs,
+                                val_fraction=0.0)
+        return {**data, "model": model}
+
     def _eval_base(self) -> dict:
         return self._evaluate(self.recipe.model, "base")
 
     def _eval_sft(self) -> dict:
-        return self._evaluate(self.output("sft"), "sft")
+        return self._evaluate(self.output("bridge" if "bridge" in self.stages else "sft"), "sft")
 
     def _rwml(self) -> dict:
         from spa.rl import rwml_train
