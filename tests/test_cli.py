@@ -42,13 +42,47 @@ def test_play_rejects_bad_options_with_a_clear_message():
     assert result.exit_code == 2 and "sokoban" in flat(result.output)
 
 
-def test_demo_runs_on_the_tiny_model():
+def test_demo_no_train_only_plays_and_shows_every_turn(monkeypatch, tmp_path):
+    monkeypatch.setattr("spa.demo.spa_home", lambda: tmp_path)
     result = runner.invoke(
         app, ["demo", "--model", "tiny", "--env", "sudoku", "--episodes", "1", "--turns", "2",
-              "--max-new-tokens", "8"],
+              "--max-new-tokens", "8", "--seed", "0", "--no-train"], terminal_width=200,
     )
     assert result.exit_code == 0, result.output
     assert "sudoku, seed 0" in result.output and "0/1 episodes solved" in result.output
+    assert "format bootstrap" not in result.output and not (tmp_path / "demo").exists()
+    assert "Next, the whole method" in result.output
+
+
+def test_demo_trains_a_cached_format_bootstrap_and_shows_before_and_after(monkeypatch, tmp_path):
+    monkeypatch.setattr("spa.demo.spa_home", lambda: tmp_path)
+    args = ["demo", "--model", "tiny", "--episodes", "2", "--turns", "2", "--max-new-tokens", "6",
+            "--bootstrap-episodes", "3", "-o", "is_slippery=false"]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    out = flat(result.output)
+    assert "one epoch of SFT" in out and "trained in" in out
+    (cache,) = (tmp_path / "demo").iterdir()
+    assert (cache / "model" / "config.json").is_file() and not (cache / "model" / "trainer_state.pt").exists()
+    info = json.loads((cache / "bootstrap.json").read_text())
+    assert info["key"]["options"] == {"is_slippery": False} and info["key"]["bootstrap_episodes"] == 3
+    for row in ("format-valid turns", "valid actions", "levels solved", "level 10000000: actions",
+                "level 10000001: actions", "true state", "observation", "true next state", "prediction"):
+        assert row in out, row
+    assert "before" in out and "after" in out
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Next, the whole method") and last.endswith(
+        "spa run configs/frozenlake-spa.yaml --preset quick env.options.is_slippery=false")
+
+    stamp = (cache / "bootstrap.json").stat().st_mtime_ns
+    again = runner.invoke(app, args, terminal_width=200)
+    assert again.exit_code == 0, again.output
+    assert "cached in" in again.output and "no training" in again.output and "trained in" not in again.output
+    assert (cache / "bootstrap.json").stat().st_mtime_ns == stamp and len(list((tmp_path / "demo").iterdir())) == 1
+    # Another bootstrap size is another checkpoint.
+    other = runner.invoke(app, [*args[:-4], "--bootstrap-episodes", "2", *args[-2:]], terminal_width=200)
+    assert other.exit_code == 0 and "trained in" in other.output
+    assert len(list((tmp_path / "demo").iterdir())) == 2
 
 
 def test_eval_writes_metrics_report_and_trajectories(tmp_path):
@@ -145,7 +179,7 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
     monkeypatch.setattr(precision, "_announced", set())
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     result = runner.invoke(app, ["demo", "--model", "tiny", "--env", "frozenlake", "--episodes", "1", "--turns",
-                                 "1", "--max-new-tokens", "4"])
+                                 "1", "--max-new-tokens", "4", "--no-train"])
     assert result.exit_code == 0, result.output
     assert result.output.count("compute: fp32 (this CPU") == 1
     result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)

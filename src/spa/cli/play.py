@@ -6,8 +6,9 @@ import typer
 from rich.table import Table
 
 from spa import envs
+from spa.agent.seeds import EVAL_SEED_OFFSET
 from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, example, load, make_env,
-                            parse_options, prompt_config)
+                            parse_options)
 
 
 @app.command("envs", epilog=example("spa envs"))
@@ -57,29 +58,50 @@ def play(
         console.print(f"episode over: {verdict}, total reward {total:+.2f}")
 
 
-@app.command(epilog=example("spa demo --env frozenlake --model tiny --episodes 1"))
+@app.command(epilog=example("spa demo --model tiny --episodes 1 --bootstrap-episodes 4"))
 def demo(
-    env: str = typer.Option("sokoban", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = typer.Option("frozenlake", help=f"Environment: {', '.join(envs.env_names())}."),
     model: str = ModelOption,
-    episodes: int = typer.Option(2, min=1, help="Episodes to play."),
+    episodes: int = typer.Option(4, min=1, help="Levels to play (the first evaluation levels by default)."),
     turns: int = typer.Option(3, min=1, help="Turns per episode."),
     max_new_tokens: int = typer.Option(200, min=1, help="New-token cap per turn."),
-    seed: int = typer.Option(0, help="Seed of the first episode."),
+    seed: int = typer.Option(EVAL_SEED_OFFSET, help="Seed of the first level; the default is the first "
+                                                     "evaluation level, which no training data holds."),
+    train: bool = typer.Option(True, "--train/--no-train", help="Train a format bootstrap and play again; "
+                                                               "--no-train only plays, showing every turn."),
+    bootstrap_episodes: int = typer.Option(64, min=1, help="Random-exploration episodes of the format "
+                                                           "bootstrap (one SFT epoch; cached)."),
     dtype: str = DtypeOption,
     option: list[str] = EnvOption,
 ) -> None:
-    """Watch the model play in world-model mode at temperature 1."""
-    from spa.agent.rollout import RolloutConfig, rollout
-    from spa.models.engine import Engine, SamplingParams
+    """Watch the model play in world-model mode at temperature 1, then train it briefly and
+    watch again.
+
+    The model plays a few levels; a format bootstrap (one SFT epoch on random-exploration
+    turns with the true states, cached in $SPA_HOME/demo) trains it; it plays the same
+    levels again, and a table shows both side by side.
+    """
+    from spa import demo as demo_
 
     make_env(env, option)  # validates the options before the model loads
-    lm, tokenizer = load(model, dtype)
-    config = RolloutConfig(env, parse_options(option), prompt_config("world_model", turns, 3, 0))
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
-    trajectories = rollout(Engine(lm, tokenizer), tokenizer, list(range(seed, seed + episodes)), 1,
-                           config, sampling)
+    config = demo_.DemoConfig(env, parse_options(option), episodes, turns, 3, max_new_tokens, seed,
+                              bootstrap_episodes, dtype)
+    before = demo_.play(*load(model, dtype), config, "before" if train else model)
+    if not train:
+        _show_turns(before)
+    else:
+        checkpoint = demo_.bootstrapped(model, config, lambda text: console.print(text, highlight=False))
+        after = demo_.play(*load(str(checkpoint), dtype), config, "after")
+        title = f"{env}: {model} before and after a {bootstrap_episodes}-episode format bootstrap"
+        console.print(demo_.comparison({"before": before, "after": after}, title))
+    console.print(f"Next, the whole method (self-play, world-model SFT, RL): "
+                  f"{demo_.next_command(env, config.options)}", highlight=False, soft_wrap=True)
+
+
+def _show_turns(trajectories) -> None:
+    """Every turn of every episode: the state, the model's text, what it did."""
     for trajectory in trajectories:
-        console.rule(f"{env}, seed {trajectory.seed}")
+        console.rule(f"{trajectory.env}, seed {trajectory.seed}")
         for i, turn in enumerate(trajectory.turns, 1):
             console.print(f"[bold]turn {i}[/bold] state:\n{turn.state_before}", highlight=False)
             console.print(f"[yellow]model:[/yellow] {turn.response}", highlight=False)
@@ -87,4 +109,4 @@ def demo(
                           f"(valid: {turn.actions_valid}); reward: {turn.reward:+.2f}")
         console.print("solved" if trajectory.success else "not solved")
     solved = sum(t.success for t in trajectories)
-    console.print(f"\n{solved}/{episodes} episodes solved")
+    console.print(f"\n{solved}/{len(trajectories)} episodes solved")
