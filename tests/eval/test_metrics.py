@@ -2,7 +2,7 @@ from math import comb
 
 import pytest
 
-from spa.eval.metrics import cell_accuracy, exact_match, pass_at_k
+from spa.eval.metrics import bootstrap_interval, cell_accuracy, exact_match, pass_at_k
 
 
 @pytest.mark.parametrize("n,c,k", [(8, 0, 1), (8, 1, 1), (8, 3, 2), (8, 3, 4), (8, 5, 4), (8, 8, 8),
@@ -58,3 +58,69 @@ def test_world_model_accuracy_scores_states_and_the_copy_floor():
     assert scores["prediction_exact"] == 2 / 3
     assert scores["unchanged_rate"] == 1 / 3
     assert scores["prediction_cell_acc"] == (1 + 0.5 + 1) / 3
+
+
+# ---------------------------------------------------------------- bootstrap over seeds and levels
+
+def exact_distribution(per_seed):
+    """The exact distribution of the two-stage bootstrap statistic, by enumeration: every
+    draw of the seeds, then for each drawn seed every draw of its levels, all equally likely."""
+    from collections import Counter
+    from fractions import Fraction
+    from itertools import product
+
+    seeds, dist = len(per_seed), Counter()
+    for drawn in product(range(seeds), repeat=seeds):
+        # every slot resamples its seed's levels on its own: enumerate all level draws of all slots
+        for draws in product(*[product(per_seed[s], repeat=len(per_seed[s])) for s in drawn]):
+            value = sum(sum(map(Fraction, d)) / len(d) for d in draws) / seeds
+            weight = Fraction(1, seeds ** seeds)
+            for d in draws:
+                weight /= len(d) ** len(d)
+            dist[value] += weight
+    return sorted(dist.items())
+
+
+def exact_quantile(dist, q):
+    """The atom holding the ``q`` quantile, and how far ``q`` is from the atom's edges."""
+    cdf = 0
+    for value, p in dist:
+        if cdf < q < cdf + p:
+            return value, float(min(q - cdf, cdf + p - q))
+        cdf += p
+    raise AssertionError("q falls on an edge between atoms")
+
+
+def test_bootstrap_interval_of_equal_levels_has_zero_width():
+    assert bootstrap_interval([[0.25] * 5, [0.25] * 3, [0.25]]) == (0.25, 0.25, 0.25)
+    assert bootstrap_interval([[1.0, 1.0]]) == (1.0, 1.0, 1.0)
+
+
+def test_bootstrap_interval_weighs_seeds_equally_and_is_reproducible():
+    centre, low, high = bootstrap_interval([[1, 1, 1, 1], [0]], resamples=500)
+    assert centre == 0.5  # not 4/5: each seed's mean over its levels counts once
+    assert bootstrap_interval([[1, 1, 1, 1], [0]], resamples=500) == (centre, low, high)
+    assert (low, high) == (0.0, 1.0)  # half the replicates draw one seed twice
+
+
+def test_bootstrap_interval_on_one_seed_by_hand():
+    # Two levels scoring 0 and 1: the resampled mean is 0, 1/2 or 1 with probability
+    # 1/4, 1/2, 1/4, so the 2.5% and 97.5% percentiles are 0 and 1.
+    assert bootstrap_interval([[0, 1]], resamples=4000) == (0.5, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("per_seed", [[[0, 1], [0, 0, 1]], [[0, 1, 1], [0.5, 1]]])
+def test_bootstrap_interval_matches_the_exact_enumeration(per_seed):
+    dist = exact_distribution(per_seed)
+    centre, low, high = bootstrap_interval(per_seed, resamples=100_000)
+    assert centre == pytest.approx(float(sum(v * p for v, p in dist)))  # the bootstrap is unbiased for the mean
+    for q, bound in ((0.025, low), (0.975, high)):
+        atom, margin = exact_quantile(dist, q)
+        assert margin > 0.004  # ~9 standard errors of the empirical CDF at 100,000 replicates
+        assert bound == pytest.approx(float(atom))
+
+
+def test_bootstrap_interval_rejects_empty_input():
+    for bad in ([], [[0.5], []]):
+        with pytest.raises(ValueError, match="bootstrap_interval"):
+            bootstrap_interval(bad)

@@ -12,10 +12,15 @@ from typer.testing import CliRunner
 
 from spa.cli import app
 from spa.config import ConfigError
+from spa.eval.metrics import bootstrap_interval
+from spa.models import load_model
+from spa.pipeline import replicates
 from spa.pipeline import report as report_module
 from spa.pipeline.recipe import CONFIGS, load_recipe
 from spa.pipeline.run import Run
 from spa.rl import logger as logger_module
+from spa.rl.ppo import resume_point
+from spa.worldmodel.sft import last_checkpoint
 
 # The smallest budget that exercises every stage. Self-play uses the random-exploration
 # switch: the random tiny model never writes a well-formed turn, even after the bootstrap.
@@ -174,6 +179,93 @@ def test_a_rerun_skips_finished_stages_and_refuses_another_recipe(preset, finish
         Run(other, folder)
 
 
+def test_a_finished_run_keeps_weights_and_results_but_no_optimizer_state(finished):
+    assert not list(finished.rglob("trainer_state.pt"))  # keep_optimizer defaults to false
+    stages = json.loads((finished / "stages.json").read_text())
+    for stage in ("bootstrap", "sft", "rl"):
+        model = Path(stages[stage]["outputs"]["model"])
+        assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file(), stage
+    assert (finished / "report.md").is_file() and (finished / "rl" / "metrics.jsonl").is_file()
+    # Without their trainer state, the checkpoints are no resume point for anything.
+    assert last_checkpoint(finished / "sft") is None and last_checkpoint(finished / "bootstrap") is None
+    assert resume_point(finished / "rl") is None
+    model, _ = load_model(stages["rl"]["outputs"]["model"], dtype="fp32")  # still a model
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_keep_optimizer_keeps_the_trainer_state_and_may_change_on_a_rerun(preset, tmp_path):
+    def run(keep: bool) -> list[str]:
+        logs = []
+        recipe = load_recipe(CONFIGS / "sokoban-spa.yaml", [f"keep_optimizer={str(keep).lower()}"], preset=str(preset))
+        Run(recipe, tmp_path, log=logs.append).run(until="bootstrap")
+        return logs
+
+    run(keep=True)
+    assert (tmp_path / "bootstrap" / "epoch-1" / "trainer_state.pt").is_file()
+    logs = run(keep=False)  # not a change of recipe: it changes no result
+    assert not list(tmp_path.rglob("trainer_state.pt"))
+    assert (tmp_path / "bootstrap" / "epoch-1" / "model.safetensors").is_file()
+    assert any("dropped its optimizer state" in line for line in logs) and any("skipped" in line for line in logs)
+
+
+def per_level_pass_at_1(folder: Path, stage: str) -> list[float]:
+    """Each level's Pass@1 in a run's evaluation, from its trajectories (the test's own count)."""
+    stages = json.loads((folder / "stages.json").read_text())
+    entry = next(iter(stages[stage]["outputs"].values()))
+    levels: dict[int, list[bool]] = {}
+    for line in (Path(entry["metrics"]).parent / "trajectories.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        levels.setdefault(record["group"], []).append(record["success"])
+    return [sum(v) / len(v) for v in levels.values()]
+
+
+def set_successes(folder: Path, stage: str, offset: int) -> None:
+    """Rewrite an evaluation's trajectories with successes that vary between levels (the
+    tiny random model never succeeds, so its intervals would all be [0, 0])."""
+    stages = json.loads((folder / "stages.json").read_text())
+    for entry in stages[stage]["outputs"].values():
+        path = Path(entry["metrics"]).parent / "trajectories.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            r["success"] = (r["group"] * 7 + r["sample"] * 3 + offset) % 5 < 2
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
+    recipe = CONFIGS / "sokoban-spa.yaml"
+    straight = tmp_path / "straight"  # a copy: the test rewrites its trajectories
+    shutil.copytree(finished, straight)
+    (straight / "stages.json").write_text((straight / "stages.json").read_text().replace(str(finished), str(straight)))
+    for name, overrides in (("seed1", ["seed=1"]), ("other", ["seed=1", "ppo.steps=1"])):
+        Run(load_recipe(recipe, overrides, preset=str(preset)), tmp_path / name, log=lambda _: None).run()
+    folders = [straight, tmp_path / "seed1", tmp_path / "other"]
+    for offset, folder in enumerate(folders[:2]):
+        set_successes(folder, "eval_final", offset)
+    groups = replicates.group_runs([report_module.load_run(f) for f in folders])
+    assert [[run["name"] for run in group] for group in groups] == [["straight", "seed1"], ["other"]]
+    report_module.compare(folders, tmp_path / "cmp", resamples=500)
+    text = (tmp_path / "cmp" / "comparison.md").read_text()
+    runs = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
+            if line.startswith(("| straight", "| seed1", "| other"))}
+    pair, alone = (line.split(" | ") for line in text.splitlines() if line.startswith("| G"))
+    assert pair[:5] == ["| G1", "spa", "sokoban", runs["straight"][3], "2"] and pair[-1] == "straight, seed1 |"
+    assert alone[4] == "1" and alone[-1] == "other |"
+    # Two seeds: mean and bootstrap interval over both runs' levels; Pass@8 needs 8 samples.
+    for column, stage in ((5, "eval_base"), (7, "eval_sft"), (9, "eval_final")):
+        per_seed = [per_level_pass_at_1(f, stage) for f in folders[:2]]
+        assert pair[column] == with_interval(*bootstrap_interval(per_seed, resamples=500))
+        assert pair[column + 1] == "-"
+    centre, low, high = bootstrap_interval([per_level_pass_at_1(f, "eval_final") for f in folders[:2]], 500)
+    assert 0 < low < centre < high < 1  # the rewritten successes: a real interval
+    # One seed: the run's own number and interval over levels, as in the per-run table.
+    assert alone[5:11] == runs["other"][4:10]
+    assert (tmp_path / "cmp" / "passk.png").stat().st_size > 1000
+    # passk.png's final curve of the single run: its Pass@1 and Pass@2, k = 1..samples
+    metrics = json.loads((tmp_path / "other" / "eval" / "final-world_model" / "metrics.json").read_text())
+    assert replicates.passk_curve(groups[1], ("eval_final",)) == pytest.approx(
+        [metrics["pass_at_k"]["pass@1"], metrics["pass_at_k"]["pass@2"]])
+
+
 def test_compare_command_tables_the_runs(finished, tmp_path):
     # A second run, stopped after the SFT evaluation: its final columns stay empty.
     partial = tmp_path / "partial"
@@ -201,7 +293,7 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
                           pct("eval_sft", "pass@8"), pct("eval_final", "pass@1"), pct("eval_final", "pass@8")]
     assert cut[4:10] == full[4:8] + ["-", "-"]
     assert "(unfinished)" in cut[10] and "(unfinished)" not in full[10]
-    assert (tmp_path / "cmp" / "curves.png").exists()
+    assert (tmp_path / "cmp" / "curves.png").exists() and (tmp_path / "cmp" / "passk.png").exists()
     # A run written before intervals: its numbers alone.
     strip_intervals(finished, tmp_path / "old")
     report_module.compare([tmp_path / "old"], tmp_path / "cmp-old")

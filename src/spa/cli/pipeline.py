@@ -51,17 +51,20 @@ def run(
 @app.command(epilog=example("spa compare runs/frozenlake-spa-quick runs/frozenlake-vanilla-quick"))
 def compare(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
-    out: str = typer.Option("comparison", help="Output folder: comparison.md and curves.png."),
+    out: str = typer.Option("comparison", help="Output folder: comparison.md, curves.png and passk.png."),
+    resamples: int = typer.Option(10_000, min=1, help="Bootstrap replicates of the replicate groups' intervals."),
 ) -> None:
-    """Compare runs: a side-by-side table and overlaid training curves.
+    """Compare runs: a side-by-side table, replicates grouped by recipe, and plots.
 
-    The table has Pass@1 and Pass@8 of the base model, before RL and after.
+    The tables have Pass@1 and Pass@8 of the base model, before RL and after; runs of one
+    recipe with other seeds form a group, shown as mean and 95% bootstrap interval over
+    seeds and levels. Plots: training curves and Pass@k for k = 1..8 per group.
     """
     from spa.pipeline.report import compare as write_comparison
 
     try:
-        path = write_comparison(runs, out)
+        path = write_comparison(runs, out, resamples=resamples)
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error)) from None
     console.print(path.read_text(), highlight=False, soft_wrap=True)  # table rows stay whole lines
-    console.print(f"wrote {path} and {Path(out) / 'curves.png'}")
+    console.print(f"wrote {path}, {Path(out) / 'curves.png'} and {Path(out) / 'passk.png'}")

@@ -1,11 +1,14 @@
-"""Metrics over rollouts: unbiased Pass@k (with a 95% interval over levels) and world-model
-accuracy of predicted states."""
+"""Metrics over rollouts: unbiased Pass@k (with a 95% interval over levels, and a bootstrap
+interval over levels and seeds for replicate runs) and world-model accuracy of predicted
+states."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from statistics import mean, stdev
+
+import numpy as np
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -157,6 +160,39 @@ def _interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
     centre = mean(values)
     half = z * stdev(values) / math.sqrt(len(values))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_interval(per_seed: list[list[float]], resamples: int = 10_000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: a mean over replicate runs and its percentile bootstrap interval.
+
+    ``per_seed[s][l]`` is the score (e.g. Pass@k) of level ``l`` in the run of seed ``s``;
+    runs may have different numbers of levels. The estimate is the mean over seeds of each
+    seed's mean over levels, every seed weighing the same. Each of ``resamples`` bootstrap
+    replicates resamples the seeds with replacement, then, independently for every seed it
+    drew, that seed's levels with replacement (a two-stage, hierarchical bootstrap: both
+    the training seed and the finite set of levels vary between replicates), and recomputes
+    the estimate; the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    percentiles of the replicates (``numpy.percentile``, linear interpolation). A fixed
+    ``seed`` makes the interval reproducible. With one seed it is a bootstrap over levels;
+    when every level of every seed scores the same it has zero width.
+    """
+    if not per_seed or any(len(levels) == 0 for levels in per_seed):
+        raise ValueError("bootstrap_interval needs at least one seed, each with at least one level")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"bootstrap_interval needs resamples >= 1 and 0 < level < 1; got {resamples}, {level}")
+    rng = np.random.default_rng(seed)
+    values = [np.asarray(levels, dtype=float) for levels in per_seed]
+    seeds = len(values)
+    drawn = rng.integers(seeds, size=(resamples, seeds))  # which seed fills each slot of a replicate
+    slot_means = np.empty((resamples, seeds))
+    for s, v in enumerate(values):  # every slot seed s fills gets its own resampling of its levels
+        filled = drawn == s
+        slot_means[filled] = v[rng.integers(len(v), size=(int(filled.sum()), len(v)))].mean(axis=1)
+    replicates = slot_means.mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(replicates, [tail, 100 - tail])
+    return float(np.mean([v.mean() for v in values])), float(low), float(high)
 
 
 def pct_with_interval(value: float | None, interval=None) -> str:

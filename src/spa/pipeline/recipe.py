@@ -148,6 +148,10 @@ class Recipe:
     precision: str = field(default="auto", metadata={
         "help": precision.FIELD_HELP + " Every stage uses it, except one whose own precision (sft.precision, "
                                        "ppo.precision, rwml.precision) is set to other than auto."})
+    keep_optimizer: bool = field(default=False, metadata={
+        "help": "Keep the optimizer state (and the RL critic) in the checkpoints of finished stages; false "
+                "deletes it once a stage is recorded as finished, keeping weights, tokenizer and results. "
+                "It only serves to resume a stage, and a finished stage is never resumed."})
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
+from spa.pipeline.replicates import SEED_KEYS, final_mode, group_runs, group_table, plot_passk  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_rwml": "after RWML",
@@ -179,14 +180,17 @@ def write_report(folder: str | Path) -> Path:
     return atomic_write_text(folder / "report.md", "\n".join(lines))
 
 
-def compare(folders: list[str | Path], out: str | Path) -> Path:
-    """A side-by-side table of runs and overlaid curves.
+def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000) -> Path:
+    """A side-by-side table of runs, a table of replicate groups, and plots.
 
     Per run: Pass@1 / Pass@8 of the base model, of the model before RL (after SFT or
     RWML, when the method has that stage) and of the final model, all in the mode the
     final model is evaluated in, and the run's total wall time; each Pass@1 with its 95%
     interval where the evaluation has one. A run that has not finished shows ``-`` for
-    what it has not evaluated yet.
+    what it has not evaluated yet. Per group of replicates (same recipe, other seeds;
+    :mod:`spa.pipeline.replicates`): the number of seeds and each Pass@1 / Pass@8 as mean
+    [95% bootstrap interval over seeds and levels, ``resamples`` replicates]. Plots:
+    ``curves.png`` (RL curves, overlaid) and ``passk.png`` (Pass@k against k per group).
     """
     runs = [load_run(f) for f in folders]
     out = Path(out)
@@ -196,7 +200,7 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         recipe = _recipe_summary(run["config"])
-        mode = _final_mode(run)
+        mode = final_mode(run)
         cells = []
         for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
             found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
@@ -221,15 +225,18 @@ def compare(folders: list[str | Path], out: str | Path) -> Path:
     plt.close(fig)
     note = ("Pass@k in %; each Pass@1 with its 95% interval over the evaluation levels (normal approximation) "
             "in brackets where the evaluation recorded one.")
-    text = "\n".join(["# Comparison", "", *rows, "", note, "", "![curves](curves.png)", ""])
+    groups = group_runs(runs)
+    plot_passk(groups, out / "passk.png")
+    group_note = (f"Runs of the same recipe but for the seeds ({', '.join(SEED_KEYS)}) form a group. Pass@k in %, "
+                  "mean over seeds of the mean over levels, with a 95% percentile bootstrap interval "
+                  f"({resamples} replicates, fixed RNG seed) that resamples the seeds, then the levels of each "
+                  "seed drawn; a group of one run shows that run's interval over levels (normal approximation), "
+                  "as above. `(n=...)`: fewer runs than the group's reached that evaluation. `passk.png`: Pass@k "
+                  "against k per group, for the base model (dotted), the model before RL (dashed) and the final "
+                  "model (solid).")
+    text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
+                      "", group_note, "", "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
-
-
-def _final_mode(run: dict) -> str | None:
-    """The mode of the final evaluation; before it exists, the mode every evaluation stage
-    runs first (the RL mode; the world-model mode, when also evaluated, comes after)."""
-    finals = [mode for (stage, mode) in run["evals"] if stage == "eval_final"]
-    return next(iter(finals or [mode for (_, mode) in run["evals"]]), None)
 
 
 def _recipe_summary(config_text: str) -> dict:

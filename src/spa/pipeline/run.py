@@ -20,6 +20,13 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
 atomically after the stage; running the same command again skips finished stages and
 resumes an interrupted SFT (last epoch) or RL stage (last checkpoint). The resolved
 recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
+
+Once a training stage is recorded as finished, its checkpoints lose their trainer state
+(``trainer_state.pt``: optimizer, scheduler, the RL critic), unless the recipe sets
+``keep_optimizer: true``; weights, tokenizer, data and metrics stay. Only the stage itself
+ever reads that file, to resume, and a finished stage is skipped; a later stage starts
+from the earlier one's weights alone. Without the file, ``last_checkpoint`` and
+``resume_point`` do not see the folder, so a stage redone by hand starts afresh.
 """
 
 from __future__ import annotations
@@ -47,6 +54,14 @@ from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
+#: The name of the file that holds a checkpoint's optimizer, scheduler and (RL) critic
+#: state in spa.worldmodel.sft and spa.rl.ppo (RWML uses the PPO layout).
+TRAINER_STATE = "trainer_state.pt"
+#: Training stages and the folder of their checkpoints in the run folder.
+CHECKPOINT_DIRS = {"bootstrap": "bootstrap", "sft": "sft", "bridge": "bridge", "rwml": "rwml", "rl": "rl"}
+#: Recipe keys a rerun may change: they change no result.
+RESULT_NEUTRAL_KEYS = {"keep_optimizer"}
+
 STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
           "report")
 METHOD_STAGES = {
@@ -72,7 +87,7 @@ class Run:
         config = self.dir / "config.yaml"
         if config.exists():
             # Keys a newer version added are not in the saved file and do not count.
-            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)))
+            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)) - RESULT_NEUTRAL_KEYS)
             if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")
@@ -97,6 +112,8 @@ class Run:
                 raise ValueError(f"stage {until!r} is not a stage of method {self.recipe.method!r}; "
                                  f"valid: {', '.join(stages)}")
             stages = stages[: stages.index(until) + 1]
+        for stage in self.stages:  # finished earlier: by a run that crashed before dropping, or an older version
+            self._drop_trainer_state(stage)
         for stage in stages:
             if stage in self.stages:
                 self.log(f"stage {stage}: done earlier, skipped")
@@ -106,11 +123,22 @@ class Run:
             outputs = getattr(self, f"_{stage}")()
             self.stages[stage] = {"outputs": outputs, "seconds": round(time.perf_counter() - start, 1)}
             write_json(self.dir / "stages.json", self.stages)
+            # After the record: a crash before it leaves the stage resumable, one after it a
+            # file that the sweep above deletes on the next start.
+            self._drop_trainer_state(stage)
             gc.collect()
             self.log(f"stage {stage}: finished in {self.stages[stage]['seconds']} s")
         return self.stages
 
     # ------------------------------------------------------------------ helpers
+
+    def _drop_trainer_state(self, stage: str) -> None:
+        """Delete a finished stage's trainer states (unless the recipe keeps them)."""
+        if self.recipe.keep_optimizer or stage not in CHECKPOINT_DIRS:
+            return
+        freed = drop_trainer_states(self.dir / CHECKPOINT_DIRS[stage])
+        if freed:
+            self.log(f"stage {stage}: dropped its optimizer state ({freed / 1e9:.2f} GB; keep_optimizer: false)")
 
     def output(self, stage: str, key: str = "model"):
         return self.stages[stage]["outputs"][key]
@@ -271,6 +299,19 @@ class Run:
         from spa.pipeline.report import write_report
 
         return {"report": str(write_report(self.dir))}
+
+
+def drop_trainer_states(folder: Path) -> int:
+    """Delete every ``trainer_state.pt`` under ``folder``; returns the bytes freed.
+
+    The weights, tokenizer and adapters beside them stay: a checkpoint without its trainer
+    state is still a model (``load_model`` reads it), just no longer a resume point.
+    """
+    freed = 0
+    for path in sorted(folder.rglob(TRAINER_STATE)) if folder.is_dir() else []:
+        freed += path.stat().st_size
+        path.unlink()
+    return freed
 
 
 def _stage_seeds_as_used(saved: dict) -> dict:

@@ -1,0 +1,202 @@
+"""Replicate runs in ``spa compare``: runs grouped by recipe, means with bootstrap intervals
+over levels and seeds, and Pass@k against k before and after RL.
+
+Two runs are replicates when their saved recipes (``config.yaml``) agree on every key but
+the seeds (``SEED_KEYS``) and the keys that change no result (``keep_optimizer``). Keys are
+compared as saved, so a run written by a version that saved fewer keys forms its own group.
+Per-level scores come from each evaluation's ``trajectories.jsonl`` (the unit of the
+interval is the level, as in :func:`spa.eval.metrics.pass_at_k_interval`: the samples of
+a level are not independent).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+import yaml  # noqa: E402
+
+from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
+
+#: The recipe keys that tell replicates apart (dotted).
+SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed")
+#: Recipe keys that change no result (``spa.pipeline.run.RESULT_NEUTRAL_KEYS``).
+NEUTRAL_KEYS = ("keep_optimizer",)
+#: The evaluated models of a comparison: column label and the stages that evaluate it.
+MODELS = (("base", ("eval_base",)), ("before RL", ("eval_sft", "eval_rwml")), ("final", ("eval_final",)))
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def recipe_key(config_text: str) -> str:
+    """The saved recipe without its seeds and result-neutral keys, as canonical JSON."""
+    flat = _flatten(yaml.safe_load(config_text) or {})
+    return json.dumps({k: v for k, v in flat.items() if k not in SEED_KEYS + NEUTRAL_KEYS}, sort_keys=True,
+                      default=str)
+
+
+def seeds_of(config_text: str) -> tuple:
+    """The values of ``SEED_KEYS`` in a saved recipe (missing: None)."""
+    flat = _flatten(yaml.safe_load(config_text) or {})
+    return tuple(flat.get(k) for k in SEED_KEYS)
+
+
+def group_runs(runs: list[dict]) -> list[list[dict]]:
+    """Runs (``report.load_run`` dicts) grouped by :func:`recipe_key`, groups and runs in
+    the order given. A run without a saved recipe is a group of its own."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        key = recipe_key(run["config"]) if run["config"] else f"no recipe: {run['dir']}"
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def final_mode(run: dict) -> str | None:
+    """The mode of the final evaluation; before it exists, the mode every evaluation stage
+    runs first (the RL mode; the world-model mode, when also evaluated, comes after)."""
+    finals = [mode for (stage, mode) in run["evals"] if stage == "eval_final"]
+    return next(iter(finals or [mode for (_, mode) in run["evals"]]), None)
+
+
+def model_eval(run: dict, stages: tuple[str, ...], mode: str | None) -> tuple[str, dict] | None:
+    """``(stage, metrics)`` of the first of ``stages`` the run evaluated in ``mode``."""
+    return next(((s, run["evals"][(s, mode)]) for s in stages if (s, mode) in run["evals"]), None)
+
+
+def level_counts(trajectories: str | Path) -> tuple[tuple[int, int], ...] | None:
+    """``(samples, successes)`` of each level in an evaluation's ``trajectories.jsonl``
+    (None when the file is gone). Read once per version of the file: the table and the
+    plot both need it, and a file of 128 x 8 episodes takes a while to parse."""
+    path = Path(trajectories)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _level_counts(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=256)
+def _level_counts(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int], ...]:
+    counts: dict[int, list[int]] = {}
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                record = json.loads(line)
+                n_c = counts.setdefault(record["group"], [0, 0])
+                n_c[0] += 1
+                n_c[1] += bool(record["success"])
+    return tuple((n, c) for n, c in counts.values())
+
+
+def per_level(run: dict, stage: str, mode: str, k: int) -> list[float] | None:
+    """Each level's Pass@k in one evaluation of a run; None without trajectories or with
+    fewer than ``k`` samples per level."""
+    path = Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl")
+    counts = level_counts(path)
+    if not counts or min(n for n, _ in counts) < k:
+        return None
+    return [pass_at_k(n, c, k) for n, c in counts]
+
+
+def group_cell(group: list[dict], stages: tuple[str, ...], k: int, resamples: int) -> str:
+    """Pass@k of one evaluated model over a group's runs: mean [95% interval].
+
+    Several runs: :func:`spa.eval.metrics.bootstrap_interval` over seeds and levels. One
+    run: its own number and per-level interval (normal approximation), as in the per-run
+    table. ``(n=...)`` marks a cell that fewer runs than the group's reached (unfinished
+    runs); runs without trajectories leave the mean alone, with no interval.
+    """
+    name = f"pass@{k}"
+    found = [(run, hit) for run in group if (hit := model_eval(run, stages, final_mode(run)))]
+    found = [(run, stage, m) for run, (stage, m) in found if name in m.get("pass_at_k", {})]
+    if not found:
+        return "-"
+    suffix = f" (n={len(found)})" if len(found) < len(group) else ""
+    if len(found) == 1:
+        _, _, m = found[0]
+        return pct_with_interval(m["pass_at_k"][name], m.get("pass_at_k_ci95", {}).get(name)) + suffix
+    levels = [per_level(run, stage, final_mode(run), k) for run, stage, _ in found]
+    if any(v is None for v in levels):
+        return pct_with_interval(sum(m["pass_at_k"][name] for _, _, m in found) / len(found)) + suffix
+    centre, low, high = bootstrap_interval(levels, resamples=resamples)
+    return pct_with_interval(centre, (low, high)) + suffix
+
+
+def _summary(run: dict) -> tuple[str, str]:
+    data = yaml.safe_load(run["config"] or "") or {}
+    return str(data.get("method", "?")), str((data.get("env") or {}).get("name", "?"))
+
+
+def group_table(groups: list[list[dict]], resamples: int = 10_000) -> str:
+    """One row per group: method, env, mode, seeds, Pass@1 and Pass@8 of each model, runs."""
+    rows = ["| group | method | env | mode | seeds | base Pass@1 | base Pass@8 | before RL Pass@1 "
+            "| before RL Pass@8 | final Pass@1 | final Pass@8 | runs |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for i, group in enumerate(groups, 1):
+        method, env = _summary(group[0])
+        distinct = len({seeds_of(run["config"]) for run in group})
+        seeds = f"{len(group)}" + (f" ({distinct} distinct)" if distinct < len(group) else "")
+        cells = [group_cell(group, stages, k, resamples) for _, stages in MODELS for k in (1, 8)]
+        rows.append(f"| G{i} | {method} | {env} | {final_mode(group[0]) or '-'} | {seeds} | " + " | ".join(cells)
+                    + f" | {', '.join(run['name'] for run in group)} |")
+    return "\n".join(rows)
+
+
+def passk_curve(group: list[dict], stages: tuple[str, ...]) -> list[float]:
+    """Mean Pass@k for k = 1..n (n: the fewest samples per level among the group's runs) of
+    one evaluated model, each run weighing the same; empty when no run has its trajectories."""
+    levels = []
+    for run in group:
+        hit = model_eval(run, stages, final_mode(run))
+        if hit:
+            path = Path(run["stages"][hit[0]]["outputs"][final_mode(run)]["metrics"])
+            counts = level_counts(path.with_name("trajectories.jsonl"))
+            if counts:
+                levels.append(counts)
+    if not levels:
+        return []
+    top = min(n for counts in levels for n, _ in counts)
+    return [sum(sum(pass_at_k(n, c, k) for n, c in counts) / len(counts) for counts in levels) / len(levels)
+            for k in range(1, top + 1)]
+
+
+def plot_passk(groups: list[list[dict]], path: Path) -> Path:
+    """``passk.png``: one panel per group, Pass@k against k for the base model (dotted),
+    the model before RL (dashed) and the final model (solid). Plain RL that sharpens the
+    policy raises the solid line's left end and flattens it; the paper reports SPA raising
+    it everywhere."""
+    columns = min(len(groups), 4)
+    rows = -(-len(groups) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.8 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.axis("off")
+    for i, (group, ax) in enumerate(zip(groups, axes.flat), 1):
+        for (label, stages), style, color in zip(MODELS, (":", "--", "-"), ("tab:gray", "tab:blue", "tab:red")):
+            curve = passk_curve(group, stages)
+            if curve:  # the same style and colour for a model in every panel
+                ax.plot(range(1, len(curve) + 1), curve, style, color=color, marker="o", markersize=3, label=label)
+        method, env = _summary(group[0])
+        ax.set_title(f"G{i}: {method} {env} ({len(group)} seed{'s' * (len(group) > 1)})", fontsize=9)
+        ax.set_xlabel("k")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("Pass@k")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
