@@ -5,7 +5,7 @@ step, ``--max-turns``, ``--max-actions``, the same training seeds, ``keep_fracti
 1.0, the same learning rates and minibatches) from the same starting weights, through
 ``spa.rl.ppo.train`` itself, which times its own phases:
 
-* ``baseline``, the path before issue 15: PPO with a critic, the ``world_model`` prompt,
+* ``baseline``, the earlier default path: PPO with a critic, the ``world_model`` prompt,
   200 new tokens per turn, state text in the policy loss, flat groups trained, advantages
   not whitened;
 * ``spa``, the cheaper path (flags below): GRPO (no critic), the plain ``base``
@@ -83,7 +83,7 @@ from spa.rl.ppo import ALGORITHMS, PPOConfig
 #: Part of the bootstrap cache key: bump it when the bootstrap recipe below changes.
 BOOTSTRAP_VERSION = "rl_step-bootstrap-v1"
 
-#: The RL path before issue 15 (its README numbers: about 350 episodes per hour).
+#: The earlier default RL path (its README numbers: about 350 episodes per hour).
 BASELINE = {"algorithm": "ppo", "mode": "world_model", "max_new_tokens": 200, "state_tokens_in_loss": True,
             "drop_flat_groups": False, "whiten_advantages": False}
 

@@ -186,7 +186,7 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
     assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
 
 
-# -- help at 80 columns (issue 17) -----------------------------------------------------
+# -- help at 80 columns --------------------------------------------------------------
 def _commands():
     import typer.main
 

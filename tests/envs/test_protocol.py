@@ -81,7 +81,7 @@ def test_random_actions_are_valid(name):
                 break
 
 
-# -- one action-name matcher for every environment (issue 17) ------------------------
+# -- one action-name matcher for every environment ---------------------------------
 SPELLINGS = ["{a}", " {a} ", "{a}.", "{a}!", "{a} .", "\t{a}?\n", "{a}...", "{a},", "{a};", "{a}:"]
 
 

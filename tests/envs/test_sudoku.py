@@ -310,7 +310,7 @@ def test_render_known_board() -> None:
 
 
 def test_described_cells_are_written_as_the_description_names_them() -> None:
-    """Issue 17: the state description and the r,c,v actions count cells the same way, so
+    """The state description and the r,c,v actions count cells the same way, so
     a cell copied from the description into an action fills that very cell."""
     env = make("sudoku")
     env.reset(seed=4)

@@ -1,4 +1,4 @@
-"""Grouping of replicate runs in ``spa compare`` (issue 16 item 3): same recipe but for the
+"""Grouping of replicate runs in ``spa compare``: same recipe but for the
 seeds and the result-neutral keys."""
 
 from spa.pipeline.replicates import SEED_KEYS, group_runs, recipe_key, seeds_of

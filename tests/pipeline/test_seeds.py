@@ -1,4 +1,4 @@
-"""Seeds of a recipe (issue 16 item 2): one ``seed`` derives every stage's seed, a stage's
+"""Seeds of a recipe: one ``seed`` derives every stage's seed, a stage's
 own seed wins, and the data of a stage changes with its seed and only with it."""
 
 import pytest
@@ -41,7 +41,7 @@ def test_a_stage_seed_must_be_an_integer_or_null():
 
 
 def test_each_stage_runs_on_its_own_seed(tiny, tmp_path, monkeypatch):
-    """The run hands every stage its seed: before issue 16 it overwrote them all with the
+    """The run hands every stage its seed: earlier versions overwrote them all with the
     recipe's, so ppo.seed, sft.seed and rwml.seed were silently ignored."""
     seen = {}
     monkeypatch.setattr(run_module, "load_model", lambda *_, **__: tiny)

@@ -249,7 +249,7 @@ def test_tokens_outside_the_loss_mask_get_no_gradient_and_no_entropy(tiny):
 
 
 def test_the_logged_policy_loss_is_the_clipped_surrogate_alone(tiny):
-    """Issue 17: actor/policy_loss is the clipped loss only; the entropy and KL terms are
+    """actor/policy_loss is the clipped loss only; the entropy and KL terms are
     logged apart, and the three add up to actor/loss. With old log-probs equal to the
     policy's the ratio is 1, so the clipped loss is the token mean of -A."""
     model, _ = tiny

@@ -56,7 +56,7 @@ class TableEmbedder:
     ("<prediction>   </prediction>", None),                          # empty counts as missing
     ([{"role": "assistant", "content": wm("abc")}], "abc"),          # TRL conversational
     (None, None),
-    # Issue 17: nested or repeated tags give the last complete block, never a tag inside it.
+    # Nested or repeated tags give the last complete block, never a tag inside it.
     ("<prediction>a<prediction>b</prediction>c</prediction>", "b"),  # nested: innermost last
     ("<prediction>old</prediction> no, <prediction>new</prediction>", "new"),  # revised guess
     ("<think>I put the grid in <prediction> tags.</think><prediction>s</prediction>", "s"),

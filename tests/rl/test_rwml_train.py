@@ -148,7 +148,7 @@ def test_prediction_accuracy_on_hand_cases(tiny, tmp_path):
     tacked = [f"<prediction>{BEFORE}\nthen Right</prediction>"] * 2
     assert prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [tacked]))["copied"] == 1.0
     # A copy left unclosed before a second, closed block: the prediction is that block, the
-    # last complete one (extract_prediction, issue 17), so it is neither a copy nor right.
+    # last complete one (extract_prediction), so it is neither a copy nor right.
     unclosed = [f"<prediction>{BEFORE}<prediction>Right</prediction>"] * 2
     scores = prediction_accuracy(model, tokenizer, triplets, engine=ScriptedEngine(tokenizer, [unclosed]))
     assert (scores["found"], scores["copied"], scores["exact"], scores["cell"]) == (1.0, 0.0, 0.0, 0.0)

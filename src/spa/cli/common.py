@@ -23,7 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Click's plain help instead of rich's boxes (issue 17): where the terminal width is
+    # Click's plain help instead of rich's boxes: where the terminal width is
     # unknown (logs, CI) rich laid options out in four columns and squeezed their help into
     # about 15 characters; click's two-column list wraps to min(terminal, 80) columns.
     rich_markup_mode=None,

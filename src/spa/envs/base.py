@@ -40,7 +40,7 @@ TRAILING_PUNCTUATION = ".,;:!?"
 
 def clean_action(text: str) -> str:
     """``text`` without surrounding whitespace and trailing punctuation: what every
-    environment parses, so they all accept the same spellings (issue 17: FrozenLake
+    environment parses, so they all accept the same spellings (FrozenLake once
     rejected ``Left.``, which Sokoban accepted). Leading punctuation is kept: ``.Left``
     is not a sentence ending and stays invalid."""
     # One backwards scan (linear even on adversarial text, unlike an end-anchored regex),

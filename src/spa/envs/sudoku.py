@@ -14,7 +14,7 @@ Actions are ``r,c,v`` with 1-indexed row, column and value, as in the paper's se
 ``describe()`` lists cells 1-indexed too (``coordinate_base = 1``): unlike Sokoban and
 FrozenLake, whose actions are directions, here the model copies coordinates from the
 state description into its actions, and one convention for both leaves nothing to
-translate (issue 17). ``rules()`` says so. The Python-side ``clues`` and
+translate. ``rules()`` says so. The Python-side ``clues`` and
 ``empty_cells()`` stay 0-indexed list indices. Any non-clue cell may be written, even
 with a wrong or conflicting value: the agent has to learn the rules, and may overwrite
 its own mistakes.

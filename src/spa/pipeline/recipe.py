@@ -25,8 +25,8 @@ Seeds: the recipe's ``seed`` is the seed of every stage that does not set its ow
 the world-model SFT's data order and split), ``ppo.seed`` and ``rwml.seed`` default to
 null, which means "the recipe's seed"; a number there wins (0 included). The evaluations
 (fixed levels) sample with the recipe's seed, so runs that differ only in a stage seed
-are evaluated alike. Before issue 16 the run silently overwrote every stage's seed with
-the recipe's.
+are evaluated alike. (Earlier versions silently overwrote every stage's seed with the
+recipe's.)
 
 With ``selfplay.bootstrap_episodes > 0`` (the ``learn`` and ``quick`` presets), every method first
 fine-tunes on random-exploration turns so that the model can write the format: spa, rwml

@@ -55,7 +55,7 @@ def extract_prediction(completion) -> str | None:
     reasoning, "I will write the grid in <prediction>", or revises its guess, is judged on
     what it wrote last); nested tags give the innermost last block, and an opening tag
     never closed is ignored. (Reading from the first opening tag to the first closing one,
-    as before issue 17, returned ``a<prediction>b`` for
+    as earlier versions did, returned ``a<prediction>b`` for
     ``<prediction>a<prediction>b</prediction></prediction>``.) An empty block counts as
     missing. ``parse_response`` keeps its own rule (a repeated tag is judged on its first
     use); this function is what the world-model rewards read.
