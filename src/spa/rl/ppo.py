@@ -238,9 +238,9 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     included the other two), ``actor/entropy_loss`` the entropy term as added to the
     loss (``-entropy_coef * entropy``), ``actor/kl_loss`` the KL term (``kl_coef * KL``,
     0 without a reference) and ``actor/loss`` their sum, the loss that is minimised.
-    Besides the averages over all minibatches, ``actor/first_ratio`` and ``actor/first_clipfrac`` are those of the first minibatch,
-    before any optimizer step: how far the trainer's log-probs are from the sampler's
-    (1 and 0 when they agree).
+    Besides the averages over all minibatches, ``actor/first_ratio`` and
+    ``actor/first_clipfrac`` are those of the first minibatch, before any optimizer step:
+    how far the trainer's log-probs are from the sampler's (1 and 0 when they agree).
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
