@@ -30,7 +30,7 @@ from rich.text import Text
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, rollout
 from spa.agent.seeds import EVAL_SEED_OFFSET
-from spa.io import atomic_dir, write_json
+from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.loading import spa_home
 from spa.progress import Bar
 from spa.worldmodel.sft import SFTConfig
@@ -120,7 +120,7 @@ def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = pr
     with atomic_dir(folder) as tmp:
         history = train(lm, tokenizer, examples, config.sft, tmp / "sft")
         checkpoint = last_checkpoint(tmp / "sft")
-        (checkpoint / "trainer_state.pt").unlink()  # optimizer state: twice the weights, never resumed
+        (checkpoint / TRAINER_STATE).unlink()  # optimizer state: twice the weights, never resumed
         checkpoint.rename(tmp / "model")
         shutil.rmtree(tmp / "sft")
         write_json(tmp / "bootstrap.json", {"key": cache_key(model, config), "examples": len(examples),

@@ -11,6 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+#: A checkpoint's trainer state (optimizer, scheduler, RL critic, progress): what resuming a
+#: training stage needs beyond the weights. A checkpoint folder without it is a model, not
+#: a resume point.
+TRAINER_STATE = "trainer_state.pt"
+
 
 #: Below this much free space, a failed write is reported as a full disk (torch.save
 #: says only "unexpected pos ..." when the disk fills under it).

@@ -48,7 +48,7 @@ from spa import precision as precision_
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
-from spa.io import atomic_dir, write_json
+from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
@@ -384,14 +384,14 @@ def save_checkpoint(out: Path, step: int, policy, tokenizer, critic, actor_opt, 
         torch.save({"step": step, "actor_opt": actor_opt.state_dict(),
                     "critic": critic.state_dict() if critic is not None else None,
                     "critic_opt": critic_opt.state_dict() if critic_opt is not None else None, **(extra or {})},
-                   tmp / "trainer_state.pt")
+                   tmp / TRAINER_STATE)
     return out / "checkpoint"
 
 
 def resume_point(out: str | Path) -> Path | None:
     """The checkpoint folder to resume from, if a complete one exists."""
     path = Path(out) / "checkpoint"
-    return path if (path / "trainer_state.pt").is_file() else None
+    return path if (path / TRAINER_STATE).is_file() else None
 
 
 def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, out: str | Path,
@@ -427,7 +427,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0) if critic else None
     start = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "trainer_state.pt", weights_only=False, map_location="cpu")
+        state = torch.load(resume_from / TRAINER_STATE, weights_only=False, map_location="cpu")
         actor_opt.load_state_dict(state["actor_opt"])
         if critic is not None:
             critic.load_state_dict(state["critic"])

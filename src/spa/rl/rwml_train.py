@@ -44,7 +44,7 @@ import torch
 from spa import distributed
 from spa import precision as precision_
 from spa.eval.metrics import aligned_cells, exact_match, grid_cells
-from spa.io import write_json, write_jsonl
+from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.progress import Bar
 from spa.rl import core
@@ -346,7 +346,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     data = fingerprint(triplets)
     start = 0
     if resume_from is not None:
-        state = torch.load(Path(resume_from) / "trainer_state.pt", weights_only=False)
+        state = torch.load(Path(resume_from) / TRAINER_STATE, weights_only=False)
         if state.get("data", data) != data:
             raise ValueError(f"{resume_from} was trained on other triplets (fingerprint {state['data']}, "
                              f"now {data}); resume with the run's own triplets.jsonl")

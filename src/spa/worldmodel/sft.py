@@ -37,7 +37,7 @@ import torch
 from spa import distributed
 from spa import precision as precision_
 from spa.eval.metrics import exact_match
-from spa.io import atomic_dir, write_json
+from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.models.shared_prefix import hidden_states
 from spa.progress import Bar, quiet_hf_bars
@@ -214,7 +214,7 @@ def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, schedule
             model.save_pretrained(tmp / "adapter")  # the adapters alone, to resume exactly
         tokenizer.save_pretrained(tmp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "epoch": epoch, "history": history}, tmp / "trainer_state.pt")
+                    "epoch": epoch, "history": history}, tmp / TRAINER_STATE)
     return final
 
 
@@ -232,7 +232,7 @@ def resume_model(load, base: str, checkpoint: Path | None):
 
 def last_checkpoint(out: Path) -> Path | None:
     """The newest complete ``epoch-N`` folder in ``out``, if any."""
-    done = [p for p in out.glob("epoch-*") if (p / "trainer_state.pt").is_file()]
+    done = [p for p in out.glob("epoch-*") if (p / TRAINER_STATE).is_file()]
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
@@ -271,7 +271,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     history: list[dict] = []
     start_epoch = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "trainer_state.pt", weights_only=False, map_location="cpu")
+        state = torch.load(resume_from / TRAINER_STATE, weights_only=False, map_location="cpu")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         history, start_epoch = state["history"], state["epoch"]
