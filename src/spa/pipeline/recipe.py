@@ -92,6 +92,10 @@ class SelfPlaySection:
                 "null: the recipe's seed."})
 
 
+#: Recipe keys a rerun of a run folder may change and replicates may differ in: they change
+#: no result (``spa.pipeline.run``, ``spa.pipeline.replicates``).
+RESULT_NEUTRAL_KEYS = ("keep_optimizer",)
+
 _STAGE_SEED_HELP = "Seed of this stage; null: the recipe's seed (a number here wins, 0 included)."
 
 

@@ -23,11 +23,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
 from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
+from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
 SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed")
-#: Recipe keys that change no result (``spa.pipeline.run.RESULT_NEUTRAL_KEYS``).
-NEUTRAL_KEYS = ("keep_optimizer",)
 #: The evaluated models of a comparison: column label and the stages that evaluate it.
 MODELS = (("base", ("eval_base",)), ("before RL", ("eval_sft", "eval_rwml")), ("final", ("eval_final",)))
 
@@ -46,7 +45,7 @@ def _flatten(data: dict, prefix: str = "") -> dict:
 def recipe_key(config_text: str) -> str:
     """The saved recipe without its seeds and result-neutral keys, as canonical JSON."""
     flat = _flatten(yaml.safe_load(config_text) or {})
-    return json.dumps({k: v for k, v in flat.items() if k not in SEED_KEYS + NEUTRAL_KEYS}, sort_keys=True,
+    return json.dumps({k: v for k, v in flat.items() if k not in SEED_KEYS + RESULT_NEUTRAL_KEYS}, sort_keys=True,
                       default=str)
 
 
@@ -102,11 +101,16 @@ def _level_counts(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int
     return tuple((n, c) for n, c in counts.values())
 
 
+def eval_counts(run: dict, stage: str, mode: str) -> tuple[tuple[int, int], ...] | None:
+    """:func:`level_counts` of one evaluation of a run (its ``trajectories.jsonl`` sits
+    beside its ``metrics.json``)."""
+    return level_counts(Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl"))
+
+
 def per_level(run: dict, stage: str, mode: str, k: int) -> list[float] | None:
     """Each level's Pass@k in one evaluation of a run; None without trajectories or with
     fewer than ``k`` samples per level."""
-    path = Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl")
-    counts = level_counts(path)
+    counts = eval_counts(run, stage, mode)
     if not counts or min(n for n, _ in counts) < k:
         return None
     return [pass_at_k(n, c, k) for n, c in counts]
@@ -162,11 +166,9 @@ def passk_curve(group: list[dict], stages: tuple[str, ...]) -> list[float]:
     levels = []
     for run in group:
         hit = model_eval(run, stages, final_mode(run))
-        if hit:
-            path = Path(run["stages"][hit[0]]["outputs"][final_mode(run)]["metrics"])
-            counts = level_counts(path.with_name("trajectories.jsonl"))
-            if counts:
-                levels.append(counts)
+        counts = eval_counts(run, hit[0], final_mode(run)) if hit else None
+        if counts:
+            levels.append(counts)
     if not levels:
         return []
     top = min(n for counts in levels for n, _ in counts)

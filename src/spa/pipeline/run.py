@@ -43,24 +43,19 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
-from spa.io import write_json, write_jsonl
+from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
-from spa.pipeline.recipe import Recipe
+from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
-#: The name of the file that holds a checkpoint's optimizer, scheduler and (RL) critic
-#: state in spa.worldmodel.sft and spa.rl.ppo (RWML uses the PPO layout).
-TRAINER_STATE = "trainer_state.pt"
-#: Training stages and the folder of their checkpoints in the run folder.
-CHECKPOINT_DIRS = {"bootstrap": "bootstrap", "sft": "sft", "bridge": "bridge", "rwml": "rwml", "rl": "rl"}
-#: Recipe keys a rerun may change: they change no result.
-RESULT_NEUTRAL_KEYS = {"keep_optimizer"}
+#: Training stages: each writes its checkpoints into the run folder's subfolder of its name.
+CHECKPOINT_STAGES = ("bootstrap", "sft", "bridge", "rwml", "rl")
 
 STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
           "report")
@@ -87,7 +82,7 @@ class Run:
         config = self.dir / "config.yaml"
         if config.exists():
             # Keys a newer version added are not in the saved file and do not count.
-            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)) - RESULT_NEUTRAL_KEYS)
+            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)) - set(RESULT_NEUTRAL_KEYS))
             if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")
@@ -134,9 +129,9 @@ class Run:
 
     def _drop_trainer_state(self, stage: str) -> None:
         """Delete a finished stage's trainer states (unless the recipe keeps them)."""
-        if self.recipe.keep_optimizer or stage not in CHECKPOINT_DIRS:
+        if self.recipe.keep_optimizer or stage not in CHECKPOINT_STAGES:
             return
-        freed = drop_trainer_states(self.dir / CHECKPOINT_DIRS[stage])
+        freed = drop_trainer_states(self.dir / stage)
         if freed:
             self.log(f"stage {stage}: dropped its optimizer state ({freed / 1e9:.2f} GB; keep_optimizer: false)")
 
