@@ -143,10 +143,9 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                         done = True
                         break
                 joined = f" {ACTION_SEPARATOR} ".join(actions)
-                world = config.prompt.world_model  # the plain modes' responses carry no state text
-                observation, prediction = (state_before, env.state_text()) if world else ("", "")
-                think = f"I will try {joined}."
-                if world:
+                think, observation, prediction = f"I will try {joined}.", "", ""
+                if config.prompt.world_model:  # the plain modes' responses carry no state text
+                    observation, prediction = state_before, env.state_text()
                     think = f"<observation>{observation}</observation> {think} <prediction>{prediction}</prediction>"
                 response = f"<think>{think}</think><answer>{joined}</answer>"
                 trajectory.turns.append(Turn(
