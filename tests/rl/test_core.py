@@ -218,6 +218,8 @@ def test_policy_loss_by_hand():
     close(loss, (-1.28 - 1.25 + 3 + 0.8) / 4)
     assert st["clipfrac"] == pytest.approx(0.75) and st["clipfrac_dual"] == pytest.approx(0.25)
     assert st["ratio_mean"] == pytest.approx(13.25 / 4)
+    assert st["advantage_mean"] == 0.0
+    assert policy_loss(lp, old, a, t([1, 1, 1, 0]))[1]["advantage_mean"] == pytest.approx(1 / 3)
     # k3 = rho - 1 - log rho: .0945349 + .0268564 + 6.6974149 + .1931472
     assert st["approx_kl"] == pytest.approx(7.0119534 / 4)
     loss.backward()

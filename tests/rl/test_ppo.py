@@ -10,7 +10,7 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn
 from spa.models.engine import Engine, SamplingParams
 from spa.rl import core
-from spa.rl.batch import (Sample, collate, critic_advantages, group_advantages, loss_masks, pad_responses,
+from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks, pad_responses,
                           place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.ppo import (PPOConfig, compute_advantages, group_spread, local_table, resume_point, top_groups, train,
@@ -86,6 +86,35 @@ def test_group_advantages_give_each_episode_one_score():
     group_advantages(samples, trajectories, normalize_std=False)
     assert [s.advantages[0].item() for s in samples] == pytest.approx([0.5, -0.5, 0.0, 0.0])
     assert all(len(set(s.advantages.tolist())) == 1 for s in samples)
+
+
+def test_balanced_episodes_weigh_alike_and_zero_a_groups_mass():
+    """A winner of one 2-token turn against a loser of three turns (9 tokens): under a
+    token-mean the raw GRPO advantages push the group's sampled tokens down on balance;
+    balanced (mean 5.5 loss tokens per episode), each episode's tokens sum to +-5.5 x A."""
+    trajectories = [episode(0, [1.0]), episode(0, [0.0, 0.0, 0.0], 1, lengths=[2, 3, 4])]
+    samples = turn_samples(trajectories)
+    compute_advantages(samples, trajectories, None, PPOConfig(algorithm="grpo", advantage="grpo_no_std"), 0, None)
+    assert sum(s.advantages.sum().item() for s in samples) == pytest.approx(0.5 * 2 - 0.5 * 9)
+    samples = turn_samples(trajectories)
+    compute_advantages(samples, trajectories, None, PPOConfig(algorithm="grpo", advantage="grpo_no_std",
+                                                              balance_episodes=True), 0, None)
+    assert samples[0].advantages.tolist() == pytest.approx([0.5 * 5.5 / 2] * 2)
+    assert torch.cat([s.advantages for s in samples[1:]]).tolist() == pytest.approx([-0.5 * 5.5 / 9] * 9)
+    assert sum(s.advantages.sum().item() for s in samples) == pytest.approx(0.0, abs=1e-6)
+    # the loss mask decides the counts: tokens outside it do not lengthen an episode
+    samples = turn_samples(trajectories)
+    samples[1].loss_mask = torch.tensor([True, False])
+    group_advantages(samples, trajectories, normalize_std=False)
+    balance_episodes(samples)
+    assert samples[0].advantages[0].item() == pytest.approx(0.5 * 5 / 2)
+    assert samples[1].advantages[0].item() == pytest.approx(-0.5 * 5 / 8)
+
+
+def test_episode_balance_scales_by_mean_over_own_length():
+    assert core.episode_balance(torch.tensor([2, 6, 4])).tolist() == pytest.approx([2.0, 2 / 3, 1.0])
+    assert core.episode_balance(torch.tensor([2, 0]), mean_tokens=3.0).tolist() == [1.5, 0.0]
+    assert core.episode_balance(torch.tensor([], dtype=torch.long)).numel() == 0
 
 
 def test_only_response_tokens_are_targets(tiny):

@@ -257,6 +257,21 @@ def critic_advantages(samples: list[Sample], trajectories: list[Trajectory], est
             offset += s.response_length
 
 
+def balance_episodes(samples: list[Sample], mean_tokens: float | None = None) -> None:
+    """Scale the samples' advantages so that every episode weighs the same in a token-mean
+    loss (:func:`spa.rl.core.episode_balance`), in place. An episode is the samples
+    sharing ``episode``; ``mean_tokens`` is the mean policy-loss tokens per episode (by
+    default over these samples' episodes)."""
+    episodes = sorted({s.episode for s in samples})
+    tokens = {e: 0 for e in episodes}
+    for s in samples:
+        tokens[s.episode] += s.loss_tokens
+    scales = core.episode_balance(torch.tensor([tokens[e] for e in episodes]), mean_tokens)
+    scale = dict(zip(episodes, scales.tolist()))
+    for s in samples:
+        s.advantages = s.advantages * scale[s.episode]
+
+
 def group_advantages(samples: list[Sample], trajectories: list[Trajectory], normalize_std: bool) -> None:
     """Fill ``advantages`` with the episode's GRPO score, the same on all its tokens."""
     scores = torch.tensor([t.total_reward for t in trajectories], dtype=torch.float32)

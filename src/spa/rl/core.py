@@ -27,7 +27,7 @@ from torch import Tensor
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "broadcast_to_tokens",
-    "entropy_from_logits", "explained_variance", "gae", "get", "group_advantages", "kl_penalty",
+    "entropy_from_logits", "episode_balance", "explained_variance", "gae", "get", "group_advantages", "kl_penalty",
     "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss", "whiten_with",
 ]
 
@@ -196,6 +196,30 @@ def group_advantages(scores: Tensor, group_ids: Tensor, normalize_std: bool = Tr
     return dev / (var.sqrt()[inv] + eps)
 
 
+def episode_balance(loss_tokens: Tensor, mean_tokens: float | None = None) -> Tensor:
+    """Per-episode advantage scales that make a token-mean loss weigh every episode alike.
+
+    w_e = mean_tokens / L_e, with L_e the episode's policy-loss tokens (over all its turns)
+    and ``mean_tokens`` their mean over the episodes (by default those given). Scaling each
+    episode's advantages by w_e scales its share of the clipped loss by w_e (the surrogate
+    is positively homogeneous in A; the clip decisions depend only on its sign), so the
+    token-mean then equals the mean over episodes of each episode's token-mean.
+
+    Why: GRPO's advantages sum to zero within a group, but under a token-mean the longer
+    episodes weigh more. In multi-turn play the losers are the longer ones (they wander
+    until the turn limit, or ramble past the answer), so the step's advantage mass is
+    negative on balance, and a step that mostly pushes the sampled tokens down moves
+    probability to the already likely ones: the policy narrows onto one habit. Balanced,
+    each group's mass is exactly zero. An episode with no loss token gets 0.
+
+    loss_tokens: (E,) counts. Returns (E,) float.
+    """
+    n = loss_tokens.to(_up(loss_tokens))
+    if mean_tokens is None:
+        mean_tokens = float(n.mean()) if n.numel() else 0.0
+    return torch.where(n > 0, mean_tokens / n.clamp(min=1), 0.0)
+
+
 def broadcast_to_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
     """(N,) -> (N, T): each sequence's scalar on its policy tokens, 0 elsewhere."""
     x = per_sequence.to(_up(per_sequence))
@@ -248,7 +272,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     logprobs, old_logprobs, advantages, mask: (B, T). Returns (scalar loss, stats) with
     float stats: clipfrac (share of policy tokens where either clip cut the gradient),
     clipfrac_dual (share where the dual clip did), approx_kl (k3 of KL[old || new]:
-    rho - 1 - log rho, masked mean), ratio_mean.
+    rho - 1 - log rho, masked mean), ratio_mean, advantage_mean (the masked mean of A:
+    below 0 the step pushes the sampled tokens down on balance, which moves probability
+    to tokens that were not sampled, mostly to the already likely ones).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
@@ -275,6 +301,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
             "clipfrac_dual": masked_mean(dual.to(dtype), mask).item(),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask).item(),
             "ratio_mean": masked_mean(ratio, mask).item(),
+            "advantage_mean": masked_mean(a, mask).item(),
         }
     return aggregate(loss, mask, agg), stats
 

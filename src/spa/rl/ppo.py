@@ -52,8 +52,8 @@ from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
-from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, critic_advantages, group_advantages, loss_masks,
-                          pad_responses, policy_forward, turn_samples)
+from spa.rl.batch import (REWARD_PLACEMENTS, Sample, balance_episodes, collate, critic_advantages,
+                          group_advantages, loss_masks, pad_responses, policy_forward, turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
 
@@ -106,6 +106,11 @@ class PPOConfig:
         "are about 95 of 126 response tokens, which would otherwise all carry the action's "
         "advantage. True trains them too (VAGEN, whose rewards pay for those states). The critic "
         "values every token either way.")})
+    balance_episodes: bool = field(default=False, metadata={"help": (
+        "Scale each episode's advantages by (mean loss tokens per episode) / (its loss tokens), so "
+        "that under a token-mean every episode weighs the same and a GRPO group's advantage mass is "
+        "zero. Off, the longer episodes weigh more; in multi-turn play those are mostly losers, and "
+        "the step's net push on the sampled tokens is negative, which narrows the policy.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
@@ -321,6 +326,8 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     if critic is None:
         if samples:
             group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
+        if config.balance_episodes:
+            _balance(samples)
         return {}
     critic.eval()
     step = config.micro_batch_size
@@ -331,11 +338,22 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
         s.old_values = v.float().cpu()
     if samples:
         critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
+    if config.balance_episodes:
+        _balance(samples)
     if config.whiten_advantages:
         whiten_advantages(samples)
     v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
     r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
     return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
+def _balance(samples: list[Sample]) -> None:
+    """:func:`balance_episodes` with the mean tokens per episode over every process's episodes
+    (episodes live whole on one process). Every process must call it."""
+    episodes, tokens = distributed.total(float(len({s.episode for s in samples})),
+                                         float(sum(s.loss_tokens for s in samples)))
+    if samples:
+        balance_episodes(samples, tokens / max(episodes, 1))
 
 
 def whiten_advantages(samples: list[Sample], eps: float = 1e-8) -> None:
