@@ -3,8 +3,9 @@
 import pytest
 
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.rollout import RolloutConfig, Turn, rollout
 from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds
+from spa.envs import make
 from spa.eval.metrics import summarize
 from spa.models.engine import SamplingParams
 from scripted import ScriptedEngine, wm
@@ -104,3 +105,45 @@ def test_recorded_logprobs_match_a_forward_pass_over_the_recorded_tokens(tiny):
             logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(turn.prompt_ids):, None])[:, 0]
         torch.testing.assert_close(torch.tensor(turn.logprobs), expected, atol=2e-3, rtol=1e-3)
+
+
+# -- best first action: does the turn's first action begin a shortest solution? ----------
+# On FL (not slippery) the start (0,0) is 6 moves from the goal; Down and Right both go to
+# tiles 5 away, Left and Up bump into the edge. After Down, Down the player is at (2,0),
+# 4 away, where only Right gets closer.
+
+
+def test_best_first_marks_the_first_action_against_the_state_the_turn_saw(tiny):
+    _, tokenizer = tiny
+    script = [[wm("down. || Down"), wm("Up || Right")], [wm("Up || Right"), "no answer at all"]]
+    config = RolloutConfig("frozenlake", FL, PromptConfig(max_turns=2, max_actions_per_turn=2))
+    first, second = rollout(ScriptedEngine(tokenizer, script), tokenizer, [0], 2, config, SamplingParams())
+    assert first.turns[0].actions == ["down.", "Down"]  # the agent's spelling is kept ...
+    assert [t.best_first for t in first.turns] == [True, False]  # ... and read canonically
+    assert [t.best_first for t in second.turns] == [False, False]  # an edge bump; no action at all
+    assert summarize([first, second])["best_first_rate"] == 0.25
+
+
+def test_best_first_reads_sudoku_cells_however_they_are_spaced(tiny):
+    _, tokenizer = tiny
+    level = make("sudoku")
+    level.reset(seed=3)
+    (r, c), *_ = level.empty_cells()
+    right, wrong = level.solution[r][c], level.solution[r][c] % 4 + 1
+    script = [[wm(f"( {r + 1} , {c + 1} , {right} )"), wm(f"{r + 1},{c + 1},{wrong}")]]
+    config = RolloutConfig("sudoku", {}, PromptConfig(max_turns=1))
+    good, bad = rollout(ScriptedEngine(tokenizer, script), tokenizer, [3], 2, config, SamplingParams())
+    assert (good.turns[0].best_first, bad.turns[0].best_first) == (True, False)
+
+
+def test_best_first_is_none_without_a_solution_and_old_turns_still_load(tiny):
+    _, tokenizer = tiny
+    config = RolloutConfig("frozenlake", {"desc": "SHG", "is_slippery": False}, PromptConfig(max_turns=1))
+    (trajectory,) = rollout(ScriptedEngine(tokenizer, [[wm("Right")]]), tokenizer, [0], 1, config,
+                            SamplingParams())
+    assert trajectory.turns[0].best_first is None  # the hole cuts the start off from the goal
+    assert "best_first_rate" not in summarize([trajectory])
+    # A turn saved before best_first existed has no such key; it loads as "not scored".
+    record = trajectory.to_json()["turns"][0]
+    del record["best_first"]
+    assert Turn(**record).best_first is None

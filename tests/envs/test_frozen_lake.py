@@ -282,3 +282,37 @@ def test_rules_mention_symbols_coordinates_and_actions() -> None:
 def test_bad_config_is_a_clear_error(options: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make("frozenlake", **options)
+
+
+# -- best actions (the per-turn "best first action" metric) -------------------------------
+def test_best_actions_step_closer_around_holes_never_into_the_edge_or_a_hole() -> None:
+    # S F F     distances to G: 4 3 2
+    # F H F                     3 H 1
+    # F F G                     2 1 0
+    env = FrozenLakeEnv.from_desc(["SFF", "FHF", "FFG"], is_slippery=False)
+    env.reset(seed=0)
+    assert env.distances() == {(0, 0): 4, (0, 1): 3, (0, 2): 2, (1, 0): 3, (1, 2): 1,
+                               (2, 0): 2, (2, 1): 1, (2, 2): 0}
+    assert env.best_actions() == {"Down", "Right"}  # Left and Up bump into the edge
+    env.step("Right")  # (0,1): Down falls into the hole, Up bumps, Left goes back
+    assert env.best_actions() == {"Right"}
+    env.step("Right")  # (0,2): Right and Up bump into the edge
+    assert env.best_actions() == {"Down"}
+    env.step("Down")
+    env.step("Down")
+    assert env.is_success() and env.best_actions() is None  # the episode has ended
+
+
+def test_best_actions_ignore_slipping_and_end_in_a_hole_or_when_cut_off() -> None:
+    slippery = FrozenLakeEnv.from_desc(["SFF", "FHF", "FFG"], success_rate=1 / 3)
+    slippery.reset(seed=0)
+    assert slippery.best_actions() == {"Down", "Right"}
+    fallen = FrozenLakeEnv.from_desc(["SH", "FG"], is_slippery=False)
+    fallen.reset(seed=0)
+    assert fallen.best_actions() == {"Down"}
+    fallen.step("Right")
+    assert fallen.render() == "_X\n_G"
+    assert fallen.best_actions() is None  # in the hole
+    walled_off = FrozenLakeEnv.from_desc(["SHG"], is_slippery=False)
+    walled_off.reset(seed=0)
+    assert walled_off.best_actions() is None  # no path around the hole

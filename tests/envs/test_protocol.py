@@ -1,5 +1,7 @@
 """What every environment promises, checked the same way for all of them."""
 
+import copy
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,3 +123,19 @@ def test_match_name_and_clean_action():
     assert match_name("rIGHT!", ("Left", "Right")) == "Right"
     assert match_name("Righty", ("Left", "Right")) is None and match_name("", ("Left",)) is None
     assert clean_action("a" + ". " * 50_000) == "a"  # linear, however long the tail
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_best_actions_are_canonical_valid_actions(name):
+    # Whatever the solver names is an action the env accepts, already in canonical spelling,
+    # so the rollout's membership test (canonical_action of the agent's text) can match it.
+    env = envs.make(name)
+    for seed in range(10):
+        env.reset(seed=seed)
+        best = env.best_actions()
+        assert best, f"{name} seed {seed}: a fresh level always has a best action"
+        for action in best:
+            assert env.canonical_action(action) == action
+            assert env.canonical_action(f" {action.lower()}. ") == action
+            probe = copy.deepcopy(env)
+            assert probe.step(action)[4]["action_valid"]

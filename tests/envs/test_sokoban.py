@@ -6,6 +6,7 @@ alone, independent of the environment's own reverse-play search.
 
 from __future__ import annotations
 
+import copy
 import random
 import re
 from collections import deque
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from spa.envs import env_names, make
 from spa.envs.sokoban import Sokoban
+from spa.envs.sokoban import solve as env_solve
 
 DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 
@@ -275,3 +277,56 @@ def test_generation_failure_is_a_runtime_error():
 def test_from_text_rejects_bad_grids(grid, match):
     with pytest.raises(ValueError, match=match):
         Sokoban.from_text(grid)
+
+
+# -- the solver and best actions (the per-turn "best first action" metric) ----------------
+# Box (2,2) must go down onto the target (3,2): the player walks Up, Up, Up, Left to stand
+# above it, then pushes Down. Left and Right lead around the long way; Down is a wall.
+ONE_WAY = "######\n#____#\n#_X__#\n#_O__#\n#__P_#\n######"
+# The same, one column wider on the right: now walking left first (around the box's left
+# side) or right first (around its right side) is as short as Up, Left/Right, Up, Up, ...
+TWO_SIDES = "#######\n#_____#\n#__X__#\n#__O__#\n#__P__#\n#######"
+
+
+def test_solver_finds_the_shortest_plan_and_every_first_move():
+    solution = env_solve(Sokoban.from_text(ONE_WAY))
+    assert solution.plan == ["Up", "Up", "Up", "Left", "Down"]
+    assert solution.first_moves == {"Up"}
+    assert Sokoban.from_text(ONE_WAY).best_actions() == {"Up"}
+    # Shortest paths of the same length meet at the cell above the box: their first moves merge.
+    two_sides = Sokoban.from_text(TWO_SIDES)
+    assert len(env_solve(two_sides).plan) == 6
+    assert two_sides.best_actions() == {"Left", "Up", "Right"}
+
+
+def test_best_actions_are_none_when_solved_unsolvable_or_over_the_state_cap():
+    assert Sokoban.from_text("######\n#PXO_#\n#_√__#\n######").best_actions() == {"Right"}
+    solved = Sokoban.from_text("######\n#P√__#\n######")
+    assert solved.best_actions() is None and env_solve(solved) == ([], frozenset())
+    cornered = Sokoban.from_text("#####\n#X_O#\n#_P_#\n#####")  # a box in a corner never moves
+    assert cornered.best_actions() is None and env_solve(cornered) is None
+    assert env_solve(Sokoban.from_text(ONE_WAY), max_states=5) is None
+
+
+@pytest.mark.parametrize("dim,num_boxes,seeds", [(6, 1, range(30)), (7, 2, range(6))])
+def test_best_actions_are_the_moves_whose_successor_has_a_shorter_solution(dim, num_boxes, seeds):
+    # Checked against this file's own BFS, at each level's start and along random play.
+    rng = random.Random(0)
+    env = make("sokoban", dim=dim, num_boxes=num_boxes)
+    for seed in seeds:
+        env.reset(seed=seed)
+        for _ in range(4):
+            plan = solve(env.render())
+            if plan is None or not plan:
+                assert env.best_actions() is None
+                break
+            shorter = set()
+            for move in DELTAS:
+                after = copy.deepcopy(env)
+                after.step(move)
+                rest = solve(after.render())
+                if rest is not None and len(rest) < len(plan):
+                    shorter.add(move)
+            assert env.best_actions() == shorter, f"seed {seed}:\n{env.render()}"
+            env.step(rng.choice(list(DELTAS)))
+

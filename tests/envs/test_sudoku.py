@@ -356,3 +356,28 @@ def test_default_config() -> None:
     env = make("sudoku")
     assert (env.config.size, env.config.difficulty, env.config.num_clues) == (4, "easy", None)
     assert env.config.max_steps == 100
+
+
+# -- best actions (the per-turn "best first action" metric) -------------------------------
+def test_best_actions_write_the_solution_into_every_cell_that_differs_from_it() -> None:
+    env = make("sudoku")
+    env.reset(seed=0)
+    env.solution = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
+    env.board = [[1, 0, 3, 4], [0, 4, 1, 2], [2, 1, 4, 3], [4, 3, 0, 1]]
+    env.clues = frozenset((r, c) for r in range(4) for c in range(4) if env.board[r][c])
+    assert env.best_actions() == {"1,2,2", "2,1,3", "4,3,2"}  # 1-indexed, as actions are written
+    env.step("1, 2, 4")  # a wrong value: the cell still needs its one fixing action
+    assert env.best_actions() == {"1,2,2", "2,1,3", "4,3,2"}
+    env.step("(2,1,3).")
+    assert env.best_actions() == {"1,2,2", "4,3,2"}
+    env.step("1,2,2")
+    env.step("4,3,2")
+    assert env.is_success() and env.best_actions() is None
+
+
+@pytest.mark.parametrize(("text", "canonical"), [("1,2,3", "1,2,3"), (" ( 1 , 2 , 3 ). ", "1,2,3"),
+                                                 ("01,2,3", "1,2,3"), ("1,2", None), ("one", None)])
+def test_canonical_action_is_the_spelling_best_actions_uses(text: str, canonical: str | None) -> None:
+    env = make("sudoku")
+    env.reset(seed=0)
+    assert env.canonical_action(text) == canonical

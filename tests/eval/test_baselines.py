@@ -122,6 +122,21 @@ def test_oracle_replans_after_every_slip():
     assert summarize(trajectories)["success_rate"] > 0.5
 
 
+# -- the best-first-action rate -----------------------------------------------------
+
+
+@pytest.mark.parametrize("env,options", [("frozenlake", {"is_slippery": False}), ("frozenlake", {}),
+                                         ("sokoban", {}), ("sudoku", {})])
+def test_the_oracle_always_starts_a_shortest_solution_and_random_play_rarely(env, options):
+    # The oracle plays a best action every turn, slippery or not (slips happen after the
+    # choice). Random play picks one of the four moves; on these small lakes one or two of
+    # them lead closer, on Sokoban usually one; on Sudoku a random cell and value.
+    oracle = summarize(play("oracle", SEEDS[:24], 1, config(env, options)))
+    assert oracle["best_first_rate"] == 1.0
+    random_rate = summarize(play("random", SEEDS, 2, config(env, options)))["best_first_rate"]
+    assert 0.15 < random_rate < 0.5
+
+
 # -- the random policy --------------------------------------------------------------
 
 
@@ -161,14 +176,14 @@ def test_a_model_writing_the_same_responses_gets_the_same_episodes(tiny, env, po
     script = [responses for responses in script if responses]
     replayed = rollout(ScriptedEngine(tokenizer, script), tokenizer, SEEDS[:6], 1, cfg, SamplingParams())
     keys = ("answer", "actions", "actions_valid", "format_ok", "state_before", "state_after",
-            "reward", "prompt_messages")
+            "reward", "prompt_messages", "best_first")
     for ours, theirs in zip(baseline, replayed):
         assert (ours.success, ours.terminated, len(ours.turns)) == \
                (theirs.success, theirs.terminated, len(theirs.turns))
         for a, b in zip(ours.turns, theirs.turns):
             assert {k: getattr(a, k) for k in keys} == {k: getattr(b, k) for k in keys}
     ours, theirs = summarize(baseline), summarize(replayed)
-    for key in ("success_rate", "pass_at_k", "mean_reward", "mean_actions", "format_valid_rate"):
+    for key in ("success_rate", "pass_at_k", "mean_reward", "mean_actions", "format_valid_rate", "best_first_rate"):
         assert ours[key] == theirs[key]
 
 
@@ -209,6 +224,8 @@ def test_cli_random_policy_writes_the_usual_outputs_without_a_model(tmp_path, mo
     report = (out / "report.md").read_text()
     assert "| success rate (Pass@1) |" in report and "| pass@2 95% interval |" in report
     assert "random policy" in result.output and "pass@2 95% interval" in result.output
+    assert 0 < metrics["best_first_rate"] < 1
+    assert "| best first action |" in report and "best first action" in result.output
 
 
 def test_cli_rejects_an_unknown_policy():

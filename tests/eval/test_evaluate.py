@@ -8,7 +8,7 @@ import pytest
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import Trajectory
 from spa.eval import evaluate as evaluate_module
-from spa.eval.evaluate import EvalConfig, evaluate, interval_rows
+from spa.eval.evaluate import EvalConfig, evaluate, interval_rows, metric_rows
 from spa.eval.metrics import pass_at_k_interval, summarize
 
 # Four levels of two samples: Pass@1 per level 1, 0.5, 0.5, 0 (mean 0.5, sample sd
@@ -68,3 +68,11 @@ def test_one_level_gives_no_interval_and_no_error(tiny, tmp_path, scripted_outco
     assert metrics["pass_at_k"] == {"pass@1": 0.5, "pass@2": 1.0}
     assert "pass_at_k_ci95" not in metrics and interval_rows(metrics) == []
     assert "95% interval" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_tables_show_the_best_first_rate_only_where_it_was_measured():
+    metrics = summarize(episodes(OUTCOMES))  # episodes without turns: nothing was scored
+    assert "best first action" not in dict(metric_rows(metrics))
+    metrics["best_first_rate"] = 0.375
+    assert dict(metric_rows(metrics))["best first action"] == "37.5%"
+

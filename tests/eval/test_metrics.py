@@ -124,3 +124,22 @@ def test_bootstrap_interval_rejects_empty_input():
     for bad in ([], [[0.5], []]):
         with pytest.raises(ValueError, match="bootstrap_interval"):
             bootstrap_interval(bad)
+
+
+# ---------------------------------------------------------------- best first action rate
+
+def test_best_first_rate_is_over_the_scored_turns_and_absent_without_any():
+    from types import SimpleNamespace
+
+    from spa.agent.rollout import Trajectory
+    from spa.eval.metrics import summarize
+
+    def episode(*marks):
+        turns = [SimpleNamespace(best_first=mark, reward=0.0, actions_valid=[True], format_ok=True, response_ids=[])
+                 for mark in marks]
+        return Trajectory("frozenlake", {}, seed=0, group=0, sample=0, mode="state", turns=turns)
+
+    # None (no solver, no solution) is left out of the mean rather than counted as a miss.
+    assert summarize([episode(True, None), episode(False, True, None)])["best_first_rate"] == 2 / 3
+    assert "best_first_rate" not in summarize([episode(None, None)])
+    assert "best_first_rate" not in summarize([episode()])

@@ -43,6 +43,9 @@ class Turn:
     grid_after: str
     env_reward: float  # sum of the environment's rewards over the turn's actions
     reward: float  # env_reward plus the format penalty, if any
+    # Whether the first action begins a shortest solution from state_before (TextEnv.best_actions);
+    # None where the env has no solver. Defaulted so trajectories saved without it still load.
+    best_first: bool | None = None
 
     @property
     def any_valid(self) -> bool:
@@ -147,6 +150,8 @@ def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget:
     parsed = parse_response(generation.text, world_model=cfg.world_model,
                             max_actions=min(cfg.max_actions_per_turn, budget))
     state_before, grid_before = env.state_text(), env.render()
+    best = env.best_actions()  # before any action changes the state
+    first = env.canonical_action(parsed.actions[0]) if parsed.actions else None  # the agent's spelling varies
     env_reward, valid, done = 0.0, [], False
     for action in parsed.actions:
         _, reward, terminated, truncated, info = env.step(action)
@@ -165,5 +170,6 @@ def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget:
         state_before=state_before, grid_before=grid_before,
         state_after=env.state_text(), grid_after=env.render(),
         env_reward=env_reward, reward=env_reward + penalty,
+        best_first=None if best is None else first in best,  # no action, or an unparsable one: False
     )
     return turn, done

@@ -15,6 +15,11 @@ Every environment is a gymnasium ``Env`` whose observations and actions are text
   actions name cells themselves: then it counts as they do (``coordinate_base``; Sudoku's
   ``r,c,v`` actions are 1-indexed, so is its description).
 
+``best_actions()`` names the actions that begin a shortest solution from the current
+state (moves taken as deterministic), in the spelling ``canonical_action`` gives any
+accepted text; the per-turn "best first action" rate (``spa.eval.metrics``) compares the
+two. An environment without a solver returns ``None``.
+
 ``info`` always carries ``action_valid`` and ``success``. Each environment
 declares its options as a dataclass ``Config``; ``make`` turns keyword arguments
 into that dataclass, so an unknown key is an error that lists the valid ones.
@@ -105,6 +110,23 @@ class TextEnv(gym.Env, ABC):
         truncated = not terminated and self.steps >= self.config.max_steps
         info = {"action_valid": True, "success": self.is_success(), "action": parsed}
         return self.render(), float(reward), terminated, truncated, info
+
+    def best_actions(self) -> frozenset[str] | None:
+        """The actions, in :meth:`canonical_action`'s spelling, that begin a shortest
+        solution from the current state, as if every move went where intended (slips
+        ignored); ``None`` when the environment has no solver, the episode has ended, or no
+        solution exists or was found within the solver's budget."""
+        return None
+
+    def canonical_action(self, text: str) -> str | None:
+        """The one spelling of the action ``text`` names (``" left. "`` -> ``"Left"``), the
+        one ``best_actions`` uses; ``None`` when ``text`` names no action."""
+        parsed = self._parse_action(text) if isinstance(text, str) else None
+        return None if parsed is None else self._action_text(parsed)
+
+    def _action_text(self, action: Any) -> str:
+        """The canonical text of a parsed action: named actions are their own spelling."""
+        return str(action)
 
     def state_text(self) -> str:
         """The full state as the agent sees it in ``state`` mode: grid, then coordinates."""

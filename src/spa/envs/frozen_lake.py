@@ -96,6 +96,31 @@ def reachable(holes: np.ndarray, start: Pos, goal: Pos) -> bool:
     return False
 
 
+def goal_distances(holes: np.ndarray, goal: Pos) -> dict[Pos, int]:
+    """Fewest moves from every tile to ``goal`` around the holes (BFS from the goal).
+
+    Holes, and tiles the holes cut off from the goal, are absent. Used by the per-turn
+    best-action check and by the oracle baseline (``spa.eval.baselines``).
+    """
+    nrow, ncol = holes.shape
+    dist = {goal: 0}
+    queue = deque([goal])
+    while queue:
+        row, col = queue.popleft()
+        for dr, dc in _MOVES.values():
+            nxt = (row + dr, col + dc)
+            if 0 <= nxt[0] < nrow and 0 <= nxt[1] < ncol and not holes[nxt] and nxt not in dist:
+                dist[nxt] = dist[(row, col)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def moved(pos: Pos, move: str, shape: tuple[int, int]) -> Pos:
+    """The tile ``move`` leads to from ``pos`` on a lake of ``shape``: a move into the edge stays."""
+    dr, dc = _MOVES[move]
+    return min(max(pos[0] + dr, 0), shape[0] - 1), min(max(pos[1] + dc, 0), shape[1] - 1)
+
+
 def generate_map(rng: np.random.Generator, size: int, p: float) -> tuple[np.ndarray, Pos, Pos]:
     """A random ``size x size`` lake ``(holes, start, goal)`` whose goal is reachable.
 
@@ -182,10 +207,7 @@ class FrozenLakeEnv(TextEnv):
             sr = self.config.success_rate
             if u >= sr:
                 move = ACTIONS[(index - 1) % 4 if u < sr + (1 - sr) / 2 else (index + 1) % 4]
-        dr, dc = _MOVES[move]
-        nrow, ncol = self._holes.shape
-        row, col = self._pos
-        self._pos = (min(max(row + dr, 0), nrow - 1), min(max(col + dc, 0), ncol - 1))
+        self._pos = moved(self._pos, move, self._holes.shape)
         return (1.0 if self._pos == self._goal else 0.0), self._ended()
 
     def _ended(self) -> bool:
@@ -193,6 +215,18 @@ class FrozenLakeEnv(TextEnv):
 
     def random_action(self, rng: np.random.Generator) -> str:
         return ACTIONS[int(rng.integers(len(ACTIONS)))]
+
+    def best_actions(self) -> frozenset[str] | None:
+        """The moves whose intended tile is strictly closer to the goal around the holes
+        (slips ignored; a move into the edge stays put, so it is never one of them)."""
+        if self._ended():
+            return None
+        dist = self.distances()
+        here = dist.get(self._pos)
+        if here is None:  # cut off from the goal (only on a hand-made map)
+            return None
+        shape = self._holes.shape
+        return frozenset(a for a in ACTIONS if dist.get(moved(self._pos, a, shape), here) < here)
 
     def is_success(self) -> bool:
         return self._pos == self._goal
@@ -211,6 +245,10 @@ class FrozenLakeEnv(TextEnv):
     def holes(self) -> list[Pos]:
         """Hole positions in reading order."""
         return [(int(r), int(c)) for r, c in np.argwhere(self._holes)]
+
+    def distances(self) -> dict[Pos, int]:
+        """Fewest moves from every tile to the goal around the holes (:func:`goal_distances`)."""
+        return goal_distances(self._holes, self._goal)
 
     def layout(self) -> list[str]:
         """The map in gymnasium's letters (``S`` at the start), e.g. for ``FrozenLake-v1``."""

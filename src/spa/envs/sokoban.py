@@ -10,7 +10,7 @@ construction, and it is never handed out already solved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -29,6 +29,8 @@ _TURN_PROB = 0.35  # chance the carving walk changes direction at a step (as gym
 _WIDEN_PROB = 0.6  # chance a step also carves a neighbour, so rooms are not all 1-wide tunnels
 _MAX_ATTEMPTS = 200  # rooms tried per reset before giving up
 _MAX_SEARCH_STATES = 2000  # caps the reverse search so big rooms with many boxes stay fast
+#: States the solver (:func:`solve`) may visit before it gives up (big rooms, many boxes).
+MAX_SOLVER_STATES = 500_000
 
 
 def _max_boxes(dim: int) -> int:
@@ -281,6 +283,14 @@ class Sokoban(TextEnv):
     def random_action(self, rng: np.random.Generator) -> str:
         return list(MOVES)[int(rng.integers(len(MOVES)))].capitalize()
 
+    def best_actions(self) -> frozenset[str] | None:
+        """The moves whose successor is one step closer to solved (:func:`solve`'s
+        ``first_moves``); ``None`` once solved, or when the search hits ``MAX_SOLVER_STATES``."""
+        if self.is_success():
+            return None
+        solution = solve(self)
+        return None if solution is None else solution.first_moves
+
     def is_success(self) -> bool:
         return self._boxes == self._targets
 
@@ -318,3 +328,70 @@ class Sokoban(TextEnv):
             "pushed onto a target, -1 for a box pushed off one, +10 when solved. "
             "Actions: Up, Down, Left, Right."
         )
+
+
+class Solution(NamedTuple):
+    """What :func:`solve` finds: one shortest solution, and how every shortest one starts."""
+
+    plan: list[str]  # the actions of one shortest solution
+    first_moves: frozenset[str]  # the first action of each shortest solution
+
+
+def solve(env: Sokoban, max_states: int = MAX_SOLVER_STATES) -> Solution | None:
+    """The shortest solutions of ``env``'s current state, or ``None``.
+
+    BFS over ``(player, boxes)``, one layer per move; moves that change nothing (into a
+    wall, or a blocked push) are skipped since they only cost a step. Each state carries
+    the first moves of all the shortest paths reaching it (merged when another path of
+    the same length arrives), so the union over the first layer holding a solved state is
+    exactly the moves whose successor has a strictly shorter solution. ``plan`` leads to
+    the first solved state found, trying moves in ``MOVES`` order. ``None`` when no
+    solution exists or more than ``max_states`` states were visited; an already solved
+    state gives an empty plan and no first moves.
+    """
+    height, width, walls, targets = env._height, env._width, env.walls, env.targets
+
+    def free(cell: Cell, boxes: frozenset) -> bool:
+        inside = 0 <= cell[0] < height and 0 <= cell[1] < width
+        return inside and cell not in walls and cell not in boxes
+
+    def successors(state: tuple) -> list[tuple[str, tuple]]:
+        player, boxes = state
+        found = []
+        for name, (dr, dc) in MOVES.items():
+            ahead = (player[0] + dr, player[1] + dc)
+            beyond = (ahead[0] + dr, ahead[1] + dc)
+            if ahead in boxes and free(beyond, boxes):
+                found.append((name.capitalize(), (ahead, (boxes - {ahead}) | {beyond})))
+            elif ahead not in boxes and free(ahead, boxes):
+                found.append((name.capitalize(), (ahead, boxes)))
+        return found
+
+    start = (env.player, env.boxes)
+    if start[1] == targets:
+        return Solution([], frozenset())
+    parent: dict = {start: None}  # state -> (previous state, move), for the plan
+    firsts: dict = {}  # the last layer's states -> first moves of the shortest paths reaching them
+    layer = [start]
+    while layer:
+        fresh: dict = {}  # this layer's new states -> their first moves (insertion-ordered)
+        for state in layer:
+            for move, nxt in successors(state):
+                via = firsts.get(state) or frozenset({move})  # the start's successors begin a path
+                if nxt in fresh:
+                    fresh[nxt] |= via
+                elif nxt not in parent:
+                    parent[nxt] = (state, move)
+                    fresh[nxt] = via
+                    if len(parent) > max_states:
+                        return None
+        firsts = fresh
+        solved = [state for state in fresh if state[1] == targets]
+        if solved:
+            plan, state = [], solved[0]
+            while parent[state] is not None:
+                state, move = parent[state]
+                plan.append(move)
+            return Solution(plan[::-1], frozenset().union(*(fresh[state] for state in solved)))
+        layer = list(fresh)
+    return None

@@ -216,6 +216,18 @@ class SudokuEnv(TextEnv):
         solved = self.is_success()
         return (1.0 if solved else 0.0), solved
 
+    def _action_text(self, action: tuple[int, int, int]) -> str:
+        return ",".join(map(str, action))  # "1, 2 ,3." and "(01,2,3)" are both "1,2,3"
+
+    def best_actions(self) -> frozenset[str] | None:
+        """The solution's value for every cell that differs from it: each empty cell and
+        each cell the agent filled wrongly needs exactly one action, in any order."""
+        if self.is_success():
+            return None
+        n, want = len(self.board), self.solution
+        return frozenset(f"{r + 1},{c + 1},{want[r][c]}" for r in range(n) for c in range(n)
+                         if self.board[r][c] != want[r][c])
+
     def random_action(self, rng: np.random.Generator) -> str:
         """A random value in a random non-clue cell (1-indexed, as actions are written)."""
         n = len(self.board)

@@ -9,9 +9,10 @@ model. No model is loaded.
 * ``random``: each action is ``env.random_action(rng)``, the environment's own notion of
   a valid action (Sokoban and FrozenLake: any of the four moves; Sudoku: any value in
   any non-clue cell). ``rng`` is seeded from ``(sampling seed, level seed, sample)``.
-* ``oracle``: Sokoban, the first move of a BFS-shortest solution over (player, boxes);
-  FrozenLake, the first move of a shortest path to the goal around the holes; Sudoku,
-  the solution's value for the first wrong cell. It acts on the state after each
+* ``oracle``: Sokoban, the first move of a BFS-shortest solution over (player, boxes)
+  (``spa.envs.sokoban.solve``); FrozenLake, the first move of a shortest path to the goal
+  around the holes (``FrozenLakeEnv.best_actions``, ties in the order Left, Down, Right,
+  Up); Sudoku, the solution's value for the first wrong cell. It acts on the state after each
   action, so on slippery ice it replans after every slide. It is deterministic: the
   samples of a level (which share the level's slip draws) play identically.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -41,8 +41,8 @@ from spa.agent.seeds import eval_seeds
 from spa.envs import TextEnv, make
 from spa.envs.frozen_lake import ACTIONS as LAKE_ACTIONS
 from spa.envs.frozen_lake import FrozenLakeEnv
-from spa.envs.sokoban import MOVES as SOKOBAN_MOVES
 from spa.envs.sokoban import Sokoban
+from spa.envs.sokoban import solve as solve_sokoban
 from spa.envs.sudoku import SudokuEnv
 from spa.eval.evaluate import EvalConfig, write_outputs
 from spa.eval.metrics import summarize
@@ -52,10 +52,6 @@ from spa.models.engine import Generation
 POLICIES = ("model", "random", "oracle")
 BASELINES = POLICIES[1:]
 
-#: Sokoban states the oracle's BFS may visit before it gives up (big rooms, many boxes).
-MAX_SOKOBAN_STATES = 500_000
-
-Cell = tuple[int, int]
 Policy = Callable[[TextEnv], str]  # the next action in the env's current state
 
 
@@ -66,82 +62,7 @@ def check_policy(name: str) -> str:
     return name
 
 
-# -- solvers ------------------------------------------------------------------------
-
-
-def solve_sokoban(env: Sokoban, max_states: int = MAX_SOKOBAN_STATES) -> list[str] | None:
-    """A shortest action sequence solving ``env``'s current state, or ``None``.
-
-    BFS over ``(player, boxes)``; moves that change nothing (into a wall, or a blocked
-    push) are skipped since they only cost a step. ``None`` when no solution exists or
-    more than ``max_states`` states were visited.
-    """
-    rows = env.render().split("\n")
-    height, width = len(rows), len(rows[0])
-    walls, targets = env.walls, env.targets
-
-    def free(cell: Cell, boxes: frozenset) -> bool:
-        inside = 0 <= cell[0] < height and 0 <= cell[1] < width
-        return inside and cell not in walls and cell not in boxes
-
-    start = (env.player, env.boxes)
-    parent: dict = {start: None}
-    queue = deque([start])
-    while queue:
-        state = queue.popleft()
-        player, boxes = state
-        if boxes == targets:
-            plan = []
-            while parent[state] is not None:
-                state, action = parent[state]
-                plan.append(action)
-            return plan[::-1]
-        for name, (dr, dc) in SOKOBAN_MOVES.items():
-            ahead = (player[0] + dr, player[1] + dc)
-            if ahead in boxes:
-                beyond = (ahead[0] + dr, ahead[1] + dc)
-                if not free(beyond, boxes):
-                    continue
-                nxt = (ahead, (boxes - {ahead}) | {beyond})
-            elif free(ahead, boxes):
-                nxt = (ahead, boxes)
-            else:
-                continue
-            if nxt not in parent:
-                parent[nxt] = (state, name.capitalize())
-                if len(parent) > max_states:
-                    return None
-                queue.append(nxt)
-    return None
-
-
-def lake_distances(env: FrozenLakeEnv) -> dict[Cell, int]:
-    """Steps from every ice tile to the goal, moving around the holes (BFS from the goal)."""
-    rows = env.layout()
-    height, width = len(rows), len(rows[0])
-    holes = set(env.holes)
-    dist = {env.goal: 0}
-    queue = deque([env.goal])
-    while queue:
-        row, col = queue.popleft()
-        for nxt in ((row - 1, col), (row + 1, col), (row, col - 1), (row, col + 1)):
-            if 0 <= nxt[0] < height and 0 <= nxt[1] < width and nxt not in holes and nxt not in dist:
-                dist[nxt] = dist[(row, col)] + 1
-                queue.append(nxt)
-    return dist
-
-
-_LAKE_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-
-
-def lake_move(dist: dict[Cell, int], player: Cell) -> str | None:
-    """The first move of a shortest path from ``player`` (ties: Left, Down, Right, Up)."""
-    here = dist.get(player)
-    for name in LAKE_ACTIONS:
-        dr, dc = _LAKE_DELTAS[name]
-        if here is not None and dist.get((player[0] + dr, player[1] + dc)) == here - 1:
-            return name
-    return None
+# -- solvers (Sokoban's and FrozenLake's live with their environments) ----------------
 
 
 def sudoku_move(env: SudokuEnv) -> str | None:
@@ -165,20 +86,19 @@ def oracle_policy(rng: np.random.Generator) -> Policy:
     """The solver's move in the current state; ``rng`` only serves states with no solution
     (none is reachable on a solvable level, but a BFS cut off on a huge room gives none)."""
     sokoban_plan: dict = {}  # (player, boxes) -> move, for the states along the last plan
-    lake: dict[str, dict[Cell, int]] = {}  # the distance map, computed once per episode
 
     def act(env: TextEnv) -> str:
         move = None
         if isinstance(env, Sokoban):
             key = (env.player, env.boxes)
             if key not in sokoban_plan:
-                sokoban_plan.update(_sokoban_states(env, solve_sokoban(env) or []))
+                solution = solve_sokoban(env)
+                sokoban_plan.update(_sokoban_states(env, solution.plan if solution else []))
                 sokoban_plan.setdefault(key, None)  # no solution: do not search again
             move = sokoban_plan.get(key)
         elif isinstance(env, FrozenLakeEnv):
-            if "dist" not in lake:
-                lake["dist"] = lake_distances(env)
-            move = lake_move(lake["dist"], env.player)
+            best = env.best_actions() or frozenset()  # moves one step closer, around the holes
+            move = next((name for name in LAKE_ACTIONS if name in best), None)
         elif isinstance(env, SudokuEnv):
             move = sudoku_move(env)
         else:

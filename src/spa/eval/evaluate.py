@@ -93,8 +93,10 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
         ("mean actions", f"{metrics['mean_actions']:.2f}"),
         ("format-valid turns", f"{100 * metrics['format_valid_rate']:.1f}%"),
         ("valid actions", f"{100 * metrics['action_valid_rate']:.1f}%"),
-        ("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"),
     ]
+    if "best_first_rate" in metrics:  # absent where no turn was scored (no solver, older metrics)
+        rows.append(("best first action", f"{100 * metrics['best_first_rate']:.1f}%"))
+    rows.append(("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"))
     for name, value in metrics.get("world_model", {}).items():
         rows.append((name.replace("_", " "), f"{100 * value:.1f}%"))
     return rows

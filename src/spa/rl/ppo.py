@@ -389,6 +389,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict:
                "rollout/turns": summary["mean_turns"], "rollout/format_valid": summary["format_valid_rate"],
                "rollout/action_valid": summary["action_valid_rate"]}
     metrics.update({f"rollout/{k}": v for k, v in summary["pass_at_k"].items()})
+    metrics.update({"rollout/best_first": summary["best_first_rate"]} if "best_first_rate" in summary else {})
     return metrics
 
 
@@ -589,6 +590,7 @@ def _eval_entries(metrics: dict) -> dict:
     its 95% interval as ``eval/pass@k_lo`` / ``_hi`` where the evaluation has one."""
     entries = {"eval/success": metrics["success_rate"], "eval/format_valid": metrics["format_valid_rate"]}
     entries.update({f"eval/{k}": v for k, v in metrics["pass_at_k"].items()})
+    entries.update({"eval/best_first": metrics["best_first_rate"]} if "best_first_rate" in metrics else {})
     for k, (low, high) in metrics.get("pass_at_k_ci95", {}).items():
         entries[f"eval/{k}_lo"], entries[f"eval/{k}_hi"] = low, high
     for k, v in metrics.get("world_model", {}).items():
