@@ -15,7 +15,9 @@ token. Old log-probs are the rollout's sampling log-probs at the sampling temper
 which the recompute applies too (the engine decodes in the compute precision from the
 fp32 master weights: with bf16 the first ratio is close to, not exactly, 1; in fp32 it
 is 1; ``actor/first_ratio`` shows it). Departures, each a switch: whitened PPO
-advantages (verl's default), flat groups dropped, state text out of the policy loss.
+advantages (verl's default), flat groups dropped, state text out of the policy loss;
+and, off by default (on in the learn preset), every episode weighing alike in the loss
+(``balance_episodes``).
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step; the seeds, sampling and minibatch order of a step depend only
