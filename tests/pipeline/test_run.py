@@ -77,15 +77,18 @@ def test_every_evaluation_carries_its_interval_into_the_report(finished):
             assert set(metrics["pass_at_k_ci95"]) == set(metrics["pass_at_k"]) == {"pass@1", "pass@2"}
             low, high = metrics["pass_at_k_ci95"]["pass@1"]
             assert 0 <= low <= metrics["pass_at_k"]["pass@1"] <= high <= 1
-            assert f"| {label} | {mode} | {with_interval(metrics['pass_at_k']['pass@1'], low, high)} | - |" in report
+            best = f"{100 * metrics['best_first_rate']:.1f}"
+            assert f"| {label} | {mode} | {with_interval(metrics['pass_at_k']['pass@1'], low, high)} | - | {best} |" \
+                in report
     # The in-RL evaluation curve: its log has the bounds, the report a row per evaluation.
     records = [json.loads(line) for line in (finished / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "eval/pass@1" in r] == [0, 1, 2]
-    assert "## Evaluation during RL" in report and "| RL step | Pass@1 [95% interval] | Pass@8 |" in report
+    assert "## Evaluation during RL" in report
+    assert "| RL step | Pass@1 [95% interval] | Pass@8 | best first action |" in report
     for r in records:
         assert r["eval/pass@1_lo"] <= r["eval/pass@1"] <= r["eval/pass@1_hi"]
-        assert f"| {r['step']} | {with_interval(r['eval/pass@1'], r['eval/pass@1_lo'], r['eval/pass@1_hi'])} | - |" \
-            in report
+        assert f"| {r['step']} | {with_interval(r['eval/pass@1'], r['eval/pass@1_lo'], r['eval/pass@1_hi'])} | - | " \
+            f"{100 * r['eval/best_first']:.1f} |" in report
 
 
 def band_calls(run, folder, monkeypatch):
@@ -292,7 +295,9 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     assert full[4:10] == [pct("eval_base", "pass@1"), pct("eval_base", "pass@8"), pct("eval_sft", "pass@1"),
                           pct("eval_sft", "pass@8"), pct("eval_final", "pass@1"), pct("eval_final", "pass@8")]
     assert cut[4:10] == full[4:8] + ["-", "-"]
-    assert "(unfinished)" in cut[10] and "(unfinished)" not in full[10]
+    final = json.loads(Path(stages["eval_final"]["outputs"][mode]["metrics"]).read_text())
+    assert full[10] == f"{100 * final['best_first_rate']:.1f}" and cut[10] == "-"
+    assert "(unfinished)" in cut[11] and "(unfinished)" not in full[11]
     assert (tmp_path / "cmp" / "curves.png").exists() and (tmp_path / "cmp" / "passk.png").exists()
     # A run written before intervals: its numbers alone.
     strip_intervals(finished, tmp_path / "old")

@@ -58,13 +58,14 @@ def _curve_cell(record: dict, name: str) -> str:
 
 
 def eval_table(run: dict) -> str:
-    rows = ["| model | mode | Pass@1 [95% interval] | Pass@8 | format valid | obs exact | pred exact | obs cells "
-            "| pred cells |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | mode | Pass@1 [95% interval] | Pass@8 | best first action | format valid | obs exact "
+            "| pred exact | obs cells | pred cells |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (stage, mode), m in run["evals"].items():
         wm = m.get("world_model", {})
         rows.append(f"| {EVAL_STAGES[stage]} | {mode} | {_pass_cell(m)} | "
-                    f"{_pct(m['pass_at_k'].get('pass@8'))} | {_pct(m['format_valid_rate'])} | "
+                    f"{_pct(m['pass_at_k'].get('pass@8'))} | {_pct(m.get('best_first_rate'))} | "
+                    f"{_pct(m['format_valid_rate'])} | "
                     + " | ".join(_pct(wm.get(k)) for k in WM_KEYS) + " |")
     return "\n".join(rows)
 
@@ -74,8 +75,9 @@ def eval_curve_table(run: dict) -> str:
     evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if not evals:
         return ""
-    rows = ["| RL step | Pass@1 [95% interval] | Pass@8 |", "|---:|---:|---:|"]
-    rows += [f"| {r['step']} | {_curve_cell(r, 'pass@1')} | {_curve_cell(r, 'pass@8')} |" for r in evals]
+    rows = ["| RL step | Pass@1 [95% interval] | Pass@8 | best first action |", "|---:|---:|---:|---:|"]
+    rows += [f"| {r['step']} | {_curve_cell(r, 'pass@1')} | {_curve_cell(r, 'pass@8')} | "
+             f"{_pct(r.get('eval/best_first'))} |" for r in evals]
     return "\n".join(rows)
 
 
@@ -186,8 +188,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     Per run: Pass@1 / Pass@8 of the base model, of the model before RL (after SFT or
     RWML, when the method has that stage) and of the final model, all in the mode the
     final model is evaluated in, and the run's total wall time; each Pass@1 with its 95%
-    interval where the evaluation has one. A run that has not finished shows ``-`` for
-    what it has not evaluated yet. Per group of replicates (same recipe, other seeds;
+    interval where the evaluation has one, and the final model's best-first-action rate.
+    A run that has not finished shows ``-`` for what it has not evaluated yet. Per group of replicates (same recipe, other seeds;
     :mod:`spa.pipeline.replicates`): the number of seeds and each Pass@1 / Pass@8 as mean
     [95% bootstrap interval over seeds and levels, ``resamples`` replicates]. Plots:
     ``curves.png`` (RL curves, overlaid) and ``passk.png`` (Pass@k against k per group).
@@ -196,8 +198,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = ["| run | method | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
-            "| final Pass@1 | final Pass@8 | wall time (min) |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| final Pass@1 | final Pass@8 | final best first action | wall time (min) |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         recipe = _recipe_summary(run["config"])
         mode = final_mode(run)
@@ -205,6 +207,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
         for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
             found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
             cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
+        cells.append(_pct(found.get("best_first_rate")))  # the final evaluation's
         minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
         done = "report" in run["stages"]
         rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
