@@ -10,8 +10,8 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn
 from spa.models.engine import Engine, SamplingParams
 from spa.rl import core
-from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks, pad_responses,
-                          place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
+from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
+                          pad_responses, place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.ppo import (PPOConfig, compute_advantages, group_spread, local_table, resume_point, top_groups, train,
                         update_actor, whiten_advantages)

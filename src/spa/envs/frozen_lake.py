@@ -192,6 +192,8 @@ class FrozenLakeEnv(TextEnv):
             (r, c), (gr, gc) = np.argwhere(grid == "S")[0], np.argwhere(grid == "G")[0]
             self._start, self._goal = (int(r), int(c)), (int(gr), int(gc))
         self._pos: Pos = self._start
+        # The map is fixed for the episode: one BFS serves every turn's best_actions.
+        self._dist = goal_distances(self._holes, self._goal)
 
     def _parse_action(self, text: str) -> str | None:
         return match_name(text, ACTIONS)
@@ -221,7 +223,7 @@ class FrozenLakeEnv(TextEnv):
         (slips ignored; a move into the edge stays put, so it is never one of them)."""
         if self._ended():
             return None
-        dist = self.distances()
+        dist = self._dist
         here = dist.get(self._pos)
         if here is None:  # cut off from the goal (only on a hand-made map)
             return None
@@ -248,7 +250,7 @@ class FrozenLakeEnv(TextEnv):
 
     def distances(self) -> dict[Pos, int]:
         """Fewest moves from every tile to the goal around the holes (:func:`goal_distances`)."""
-        return goal_distances(self._holes, self._goal)
+        return dict(self._dist)
 
     def layout(self) -> list[str]:
         """The map in gymnasium's letters (``S`` at the start), e.g. for ``FrozenLake-v1``."""

@@ -189,9 +189,10 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     RWML, when the method has that stage) and of the final model, all in the mode the
     final model is evaluated in, and the run's total wall time; each Pass@1 with its 95%
     interval where the evaluation has one, and the final model's best-first-action rate.
-    A run that has not finished shows ``-`` for what it has not evaluated yet. Per group of replicates (same recipe, other seeds;
-    :mod:`spa.pipeline.replicates`): the number of seeds and each Pass@1 / Pass@8 as mean
-    [95% bootstrap interval over seeds and levels, ``resamples`` replicates]. Plots:
+    A run that has not finished shows ``-`` for what it has not evaluated yet. Per group
+    of replicates (same recipe, other seeds; :mod:`spa.pipeline.replicates`): the number
+    of seeds and each Pass@1 / Pass@8 as mean [95% bootstrap interval over seeds and
+    levels, ``resamples`` replicates]. Plots:
     ``curves.png`` (RL curves, overlaid) and ``passk.png`` (Pass@k against k per group).
     """
     runs = [load_run(f) for f in folders]
