@@ -136,6 +136,20 @@ def test_selfplay_random_exploration_then_sft_then_resume(tmp_path):
     assert [e["epoch"] for e in json.loads((out / "metrics.json").read_text())["epochs"]] == [1, 2]
 
 
+def test_selfplay_oracle_data_in_the_state_mode(tmp_path):
+    data = tmp_path / "fl.jsonl"
+    result = runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--episodes", "4",
+                                 "--samples", "1", "--max-turns", "2", "--exploration", "oracle", "--mode", "state",
+                                 "-o", "is_slippery=false"])
+    assert result.exit_code == 0, result.output
+    examples = [json.loads(line) for line in data.read_text().splitlines()]
+    assert examples and all("<observation>" not in e["response"] for e in examples)
+    assert json.loads((tmp_path / "fl.stats.json").read_text())["config"]["exploration"] == "oracle"
+    result = runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--mode", "state"],
+                           terminal_width=200)
+    assert result.exit_code == 2 and "mode='state' needs exploration='random' or 'oracle'" in flat(result.output)
+
+
 def test_selfplay_rejects_bad_ablation_values(tmp_path):
     result = runner.invoke(app, ["selfplay", "-e", "sokoban", "--out", str(tmp_path / "x.jsonl"),
                                  "--coords", "fuzzy", "--exploration", "random"], terminal_width=200)

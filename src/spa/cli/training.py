@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
-                            load, load_for_training, make_env, parse_options, prompt_config, settings)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console,
+                            example, load, load_for_training, make_env, parse_options, prompt_config, settings)
 
 
 @app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 64"))
@@ -22,9 +22,12 @@ def selfplay(
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
     states: str = typer.Option("ground_truth", help="ground_truth, or self_belief (ablation: no replacement)."),
-    exploration: str = typer.Option("self_play", help="self_play, or random (ablation: random actions)."),
+    exploration: str = typer.Option("self_play", help="self_play, random (ablation: random actions) or oracle "
+                                     "(best actions: a behaviour-cloning reference)."),
     coords: str = typer.Option("true", help="true, or random (ablation: random coordinates)."),
     drop_no_valid_action: bool = typer.Option(False, help="Also drop turns whose actions all failed."),
+    mode: str = typer.Option("world_model", help="Prompt mode of the examples: world_model, or base or state "
+                                                 "(no state text in the response; random or oracle exploration)."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,
@@ -44,7 +47,7 @@ def selfplay(
             env=env, env_config=parse_options(option), episodes=episodes, samples=samples,
             max_turns=max_turns, max_actions_per_turn=max_actions, max_new_tokens=max_new_tokens,
             states=states, exploration=exploration, coords=coords,
-            drop_no_valid_action=drop_no_valid_action, seed=seed)
+            drop_no_valid_action=drop_no_valid_action, seed=seed, mode=mode)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     engine = tokenizer = None

@@ -11,6 +11,10 @@ Ablation switches, each one of the paper's experiments:
 * ``states="self_belief"``: keep the model's own imagined states (no replacement).
 * ``exploration="random"``: random valid actions with a templated think text instead of
   the model's own play.
+* ``exploration="oracle"``: as ``random``, but each action is drawn uniformly from the
+  environment's ``best_actions`` (the moves that begin a shortest solution). Not one of
+  the paper's methods: expert demonstrations, the behaviour-cloning reference that shows
+  whether the model can learn to read the state at all when every label is right.
 * ``coords="random"``: coordinates well-formed but random (the collapse experiment).
 
 ``mode`` other than ``world_model`` (``base``, ``state``) makes random-exploration data in
@@ -36,7 +40,7 @@ from spa.envs import env_class, make
 from spa.eval.metrics import grid_cells
 
 STATES = ("ground_truth", "self_belief")
-EXPLORATION = ("self_play", "random")
+EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
@@ -64,9 +68,9 @@ class SelfPlayConfig:
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
-        if self.mode != "world_model" and self.exploration != "random":
-            raise ValueError(f"mode={self.mode!r} needs exploration='random': self-play data is world-model "
-                             "data (observation and prediction to correct)")
+        if self.mode != "world_model" and self.exploration == "self_play":
+            raise ValueError(f"mode={self.mode!r} needs exploration='random' or 'oracle': self-play data is "
+                             "world-model data (observation and prediction to correct)")
         for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
@@ -120,8 +124,15 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     return replace_span(response, "prediction", after)
 
 
+def _exploration_action(env, config: SelfPlayConfig, rng: np.random.Generator) -> str:
+    """A random valid action, or under ``exploration="oracle"`` a random one of the best."""
+    best = env.best_actions() if config.exploration == "oracle" else None
+    return str(rng.choice(sorted(best))) if best else env.random_action(rng)
+
+
 def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Trajectory]:
-    """Episodes of random valid actions with a templated response (the exploration ablation)."""
+    """Episodes of templated responses whose actions are random valid ones (the exploration
+    ablation) or, under ``exploration="oracle"``, drawn from the best actions."""
     rng = np.random.default_rng(config.seed)
     trajectories = []
     for group, env_seed in enumerate(seeds):
@@ -135,7 +146,7 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                 state_before, grid_before = env.state_text(), env.render()
                 actions, rewards, done = [], 0.0, False
                 for _ in range(int(rng.integers(1, config.max_actions_per_turn + 1))):
-                    action = env.random_action(rng)
+                    action = _exploration_action(env, config, rng)
                     _, reward, terminated, truncated, _ = env.step(action)
                     actions.append(action)
                     rewards += reward
@@ -167,7 +178,7 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
 def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Trajectory]:
     """Play the training seeds: the model in world-model mode, or random actions."""
     seeds = train_seeds(config.episodes // config.samples, config.seed_start)
-    if config.exploration == "random":
+    if config.exploration != "self_play":
         return random_exploration(config, seeds)
     from spa.models.engine import SamplingParams
 
