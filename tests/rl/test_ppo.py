@@ -391,22 +391,39 @@ def test_world_model_training_runs_with_the_state_tokens_out_of_the_loss(tiny, t
     assert any(not torch.equal(a, b) for a, b in zip(policy.parameters(), model.parameters()))
 
 
-def test_resume_gives_the_uninterrupted_result(tiny, tmp_path):
+@pytest.mark.parametrize("warmup_steps", [0, 5])
+def test_resume_gives_the_uninterrupted_result(tiny, tmp_path, warmup_steps):
     # The random tiny model never scores: its groups are flat, kept here so that it trains.
     model, tokenizer = tiny
+    run = dict(drop_flat_groups=False, warmup_steps=warmup_steps)
     straight = copy.deepcopy(model)
-    train(straight, tokenizer, ROLLOUT, small_run("ppo", drop_flat_groups=False), tmp_path / "a", progress=False)
+    train(straight, tokenizer, ROLLOUT, small_run("ppo", **run), tmp_path / "a", progress=False)
     first = copy.deepcopy(model)
-    train(first, tokenizer, ROLLOUT, small_run("ppo", steps=1, drop_flat_groups=False), tmp_path / "b", progress=False)
+    train(first, tokenizer, ROLLOUT, small_run("ppo", steps=1, **run), tmp_path / "b", progress=False)
     from transformers import AutoModelForCausalLM
 
     checkpoint = resume_point(tmp_path / "b")
     resumed = AutoModelForCausalLM.from_pretrained(checkpoint / "policy", dtype=torch.float32)
-    train(resumed, tokenizer, ROLLOUT, small_run("ppo", drop_flat_groups=False), tmp_path / "b", resume_from=checkpoint, progress=False)
+    train(resumed, tokenizer, ROLLOUT, small_run("ppo", **run), tmp_path / "b", resume_from=checkpoint,
+          progress=False)
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(straight.parameters(), model.parameters()))
-    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2]
+    records = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    # 8 turns a step in minibatches of 4: two optimizer steps a step. With a 5-step warm-up the
+    # last rate of step 1 is 2/5 of actor_lr and of step 2 4/5; the resumed run went on counting.
+    expected = [1e-3, 1e-3] if warmup_steps == 0 else [0.4e-3, 0.8e-3]
+    assert [r["actor/lr"] for r in records] == pytest.approx(expected)
+
+
+def test_warmup_rises_linearly_to_the_full_rate():
+    from spa.rl.ppo import warmup_factor
+
+    assert [warmup_factor(done, 4) for done in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        PPOConfig(warmup_steps=-1)
 
 
 def test_eval_entries_log_each_pass_at_k_with_its_interval():

@@ -80,6 +80,10 @@ class PPOConfig:
     reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
+    warmup_steps: int = field(default=0, metadata={"help": (
+        "Optimizer steps over which the actor's and critic's learning rates rise linearly to their "
+        "values (0: none). Adam's first steps move every weight by about the full learning rate "
+        "whatever the gradient's size, so a rate that is safe later can wreck the policy at once.")})
     gamma: float = 1.0
     lam: float = 1.0
     clip_low: float = 0.2
@@ -137,6 +141,7 @@ class PPOConfig:
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
+                  "warmup_steps": self.warmup_steps >= 0,
                   "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
         for name, ok in checks.items():
             if not ok:
@@ -227,10 +232,23 @@ def _on_device(tensors, model) -> list[torch.Tensor]:
     return [t.to(device) for t in tensors]
 
 
-def _optimizer_step(params, optimizer, max_norm: float) -> float:
-    """Sum the processes' gradients (nothing alone), clip, step."""
+def warmup_factor(done: int, warmup_steps: int) -> float:
+    """The share of the learning rate for the optimizer step after ``done`` steps: it rises
+    linearly, ``(done + 1) / warmup_steps``, to 1 at step ``warmup_steps`` (1 when 0)."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (done + 1) / warmup_steps)
+
+
+def _optimizer_step(params, optimizer, max_norm: float, lr: float, warmup_steps: int = 0) -> float:
+    """Sum the processes' gradients (nothing alone), clip, step at the warmed-up ``lr``.
+
+    The steps done are Adam's own count, which the checkpoint keeps, so a resumed run
+    continues the warm-up where it stopped."""
     distributed.all_reduce_grads(params)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    state = optimizer.state.get(params[0], {})
+    done = int(state["step"]) if "step" in state else 0
+    for group in optimizer.param_groups:
+        group["lr"] = lr * warmup_factor(done, warmup_steps)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)
@@ -285,12 +303,14 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
                 first["ratio"] = first.get("ratio", 0.0) + stats["ratio_mean"] * n
                 first["clipfrac"] = first.get("clipfrac", 0.0) + stats["clipfrac"] * n
                 first_count += n
-        norms.append(_optimizer_step(params, optimizer, config.max_grad_norm))
+        norms.append(_optimizer_step(params, optimizer, config.max_grad_norm, config.actor_lr,
+                                     config.warmup_steps))
     totals, count = distributed.sum_stats(totals, count)
     first, first_count = distributed.sum_stats(first, first_count)
     stats = {f"actor/{k}": v / max(count, 1) for k, v in totals.items()}
     stats.update({f"actor/first_{k}": v / max(first_count, 1) for k, v in first.items()})
-    return {**stats, "actor/grad_norm": float(np.mean(norms)) if norms else 0.0}
+    return {**stats, "actor/grad_norm": float(np.mean(norms)) if norms else 0.0,
+            "actor/lr": optimizer.param_groups[0]["lr"]}
 
 
 def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
@@ -311,7 +331,7 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[
             totals["value_loss"] += loss.item() * n
             totals["vf_clipfrac"] += stats["vf_clipfrac"] * n
             count += n
-        _optimizer_step(params, optimizer, config.max_grad_norm)
+        _optimizer_step(params, optimizer, config.max_grad_norm, config.critic_lr, config.warmup_steps)
     totals, count = distributed.sum_stats(totals, count)
     return {f"critic/{k}": v / max(count, 1) for k, v in totals.items()}
 
