@@ -111,6 +111,22 @@ def test_balanced_episodes_weigh_alike_and_zero_a_groups_mass():
     assert samples[1].advantages[0].item() == pytest.approx(-0.5 * 5 / 8)
 
 
+def test_negative_weight_scales_only_the_pushes_down():
+    assert core.weigh_negatives(torch.tensor([1.5, -0.5, 0.0, -2.0]), 0.25).tolist() == [1.5, -0.125, 0.0, -0.5]
+    with pytest.raises(ValueError, match="negative weight 1.5"):
+        core.weigh_negatives(torch.tensor([1.0]), 1.5)
+    with pytest.raises(ValueError, match="negative_weight=-0.1"):
+        PPOConfig(negative_weight=-0.1)
+    # A winner against a loser, GRPO without the std: +-0.5; at weight 0 (applied after the
+    # balancing) the loser's tokens get 0.
+    trajectories = [episode(0, [1.0]), episode(0, [0.0], 1)]
+    config = PPOConfig(algorithm="grpo", advantage="grpo_no_std", negative_weight=0.0, balance_episodes=True)
+    samples = turn_samples(trajectories)
+    compute_advantages(samples, trajectories, None, config, 0, None)
+    assert samples[0].advantages.tolist() == pytest.approx([0.5, 0.5])
+    assert samples[1].advantages.tolist() == [0.0, 0.0]
+
+
 def test_episode_balance_scales_by_mean_over_own_length():
     assert core.episode_balance(torch.tensor([2, 6, 4])).tolist() == pytest.approx([2.0, 2 / 3, 1.0])
     assert core.episode_balance(torch.tensor([2, 0]), mean_tokens=3.0).tolist() == [1.5, 0.0]

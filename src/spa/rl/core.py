@@ -220,6 +220,22 @@ def episode_balance(loss_tokens: Tensor, mean_tokens: float | None = None) -> Te
     return torch.where(n > 0, mean_tokens / n.clamp(min=1), 0.0)
 
 
+def weigh_negatives(advantages: Tensor, weight: float) -> Tensor:
+    """``advantages`` with every negative entry multiplied by ``weight`` (positives kept).
+
+    ``weight = 1`` is the plain policy gradient; ``weight = 0`` reinforces only what beat
+    its baseline, which makes the update a likelihood step on the winners, as in
+    rejection-sampling fine-tuning. Why it matters: pushing a sampled answer down moves
+    its probability to the answers the model already favours (the softmax gives the
+    freed mass in proportion to the current probabilities), so when the model cannot
+    yet tell the states apart, the negatives squeeze every state onto the same likely
+    answer. The positives instead carry the label of the state they won in.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"negative weight {weight!r} must be from 0 to 1")
+    return torch.where(advantages < 0, advantages * weight, advantages)
+
+
 def broadcast_to_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
     """(N,) -> (N, T): each sequence's scalar on its policy tokens, 0 elsewhere."""
     x = per_sequence.to(_up(per_sequence))

@@ -117,6 +117,11 @@ class PPOConfig:
         "that under a token-mean every episode weighs the same and a GRPO group's advantage mass is "
         "zero. Off, the longer episodes weigh more; in multi-turn play those are mostly losers, and "
         "the step's net push on the sampled tokens is negative, which narrows the policy.")})
+    negative_weight: float = field(default=1.0, metadata={"help": (
+        "Multiply every negative advantage by this, from 0 to 1 (1: the plain policy gradient; 0: "
+        "only the episodes that beat their baseline are reinforced, like rejection-sampling "
+        "fine-tuning). Pushing a sampled answer down hands its probability to the answers the model "
+        "already favours, which narrows a policy that cannot yet tell the states apart.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
@@ -141,7 +146,7 @@ class PPOConfig:
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
-                  "warmup_steps": self.warmup_steps >= 0,
+                  "warmup_steps": self.warmup_steps >= 0, "negative_weight": 0 <= self.negative_weight <= 1,
                   "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
         for name, ok in checks.items():
             if not ok:
@@ -350,6 +355,7 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
             group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
         if config.balance_episodes:
             _balance(samples)
+        _weigh_negatives(samples, config.negative_weight)
         return {}
     critic.eval()
     step = config.micro_batch_size
@@ -364,9 +370,18 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
         _balance(samples)
     if config.whiten_advantages:
         whiten_advantages(samples)
+    _weigh_negatives(samples, config.negative_weight)
     v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
     r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
     return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
+def _weigh_negatives(samples: list[Sample], weight: float) -> None:
+    """:func:`spa.rl.core.weigh_negatives` on every sample's advantages, in place (last, after
+    any whitening, so that 0 leaves no push down at all)."""
+    if weight != 1.0:
+        for s in samples:
+            s.advantages = core.weigh_negatives(s.advantages, weight)
 
 
 def _balance(samples: list[Sample]) -> None:
