@@ -454,3 +454,16 @@ def test_eval_entries_log_each_pass_at_k_with_its_interval():
     # An evaluation without intervals (a single level) logs the numbers alone.
     del metrics["pass_at_k_ci95"]
     assert not any(key.endswith(("_lo", "_hi")) for key in _eval_entries(metrics))
+
+
+def test_best_move_reward_adds_to_the_turns_that_began_a_shortest_solution():
+    from spa.rl.ppo import _shaping, shape_rewards
+
+    assert _shaping(None, 0.0) is None
+    trajectories = [episode(0, [0.0, 0.0, 1.0])]
+    for turn, best in zip(trajectories[0].turns, [True, False, None]):  # None: no solver, or no action
+        turn.best_first = best
+    assert shape_rewards(trajectories, _shaping(None, 1.0)) == pytest.approx(1 / 3)
+    assert [t.reward for t in trajectories[0].turns] == [1.0, 0.0, 1.0]
+    assert shape_rewards(trajectories, _shaping(lambda turn: 0.5, 2.0)) == pytest.approx((2.5 + 0.5 + 0.5) / 3)
+    assert [t.reward for t in trajectories[0].turns] == [3.5, 0.5, 1.5]

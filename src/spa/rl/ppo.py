@@ -122,6 +122,10 @@ class PPOConfig:
         "only the episodes that beat their baseline are reinforced, like rejection-sampling "
         "fine-tuning). Pushing a sampled answer down hands its probability to the answers the model "
         "already favours, which narrows a policy that cannot yet tell the states apart.")})
+    best_move_reward: float = field(default=0.0, metadata={"help": (
+        "Add this to a turn's reward when its first action begins a shortest solution (the "
+        "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
+        "RL can learn with a label on every turn; not a method of the paper. 0: off.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
@@ -461,7 +465,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     ``engine`` replaces the generation engine (tests script the responses with it).
     ``turn_reward(turn)`` is added to every turn's reward before the advantages (VAGEN-style
     world-model rewards, :func:`spa.rl.rewards.vagen_turn_reward`); ``rollout/reward_mean``
-    stays the environment's reward, the bonus is logged as ``rollout/shaping_reward``.
+    stays the environment's reward, the bonus is logged as ``rollout/shaping_reward``; a
+    ``best_move_reward`` is added to it.
     Launched on several processes, they train one policy together (module docstring).
     """
     out = Path(out)
@@ -510,8 +515,9 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # seed; each process plays its share of the seeds.
             trajectories = _play(engine, tokenizer, rollout_config, config, step)
             metrics = rollout_metrics(_everyone(trajectories))
-            if turn_reward is not None:
-                metrics["rollout/shaping_reward"] = shape_rewards(trajectories, turn_reward)
+            shaping = _shaping(turn_reward, config.best_move_reward)
+            if shaping is not None:
+                metrics["rollout/shaping_reward"] = shape_rewards(trajectories, shaping)
             rollout_seconds = time.perf_counter() - began
             # 2. Drop the flat groups, keep those whose samples disagree most (ranked over all
             # processes' groups).
@@ -568,6 +574,14 @@ def _timed(phases: dict, name: str):
         yield
     finally:
         phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
+
+
+def _shaping(turn_reward: Callable[[Turn], float] | None, best_move: float) -> Callable[[Turn], float] | None:
+    """The per-turn bonus: ``turn_reward``, plus ``best_move`` for a turn whose first action
+    was a best one; ``None`` when there is neither."""
+    if not best_move:
+        return turn_reward
+    return lambda turn: (turn_reward(turn) if turn_reward else 0.0) + (best_move if turn.best_first else 0.0)
 
 
 def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], float]) -> float:
