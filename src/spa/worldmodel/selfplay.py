@@ -176,7 +176,8 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
 
 
 def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Trajectory]:
-    """Play the training seeds: the model in world-model mode, or random actions."""
+    """Play the training seeds: the model in world-model mode, or templated turns of random
+    (or, under ``exploration="oracle"``, best) actions."""
     seeds = train_seeds(config.episodes // config.samples, config.seed_start)
     if config.exploration != "self_play":
         return random_exploration(config, seeds)
