@@ -127,6 +127,35 @@ def test_negative_weight_scales_only_the_pushes_down():
     assert samples[1].advantages.tolist() == [0.0, 0.0]
 
 
+def test_key_means_by_hand():
+    # keys 0, 1, 0, 2 (key 3 unseen): (3 + 1) / (2 + 2), -4 / 4, 0 / 1, none
+    means = core.key_means(torch.tensor([3.0, -4.0, 1.0, 0.0]), torch.tensor([2, 4, 2, 1]),
+                           torch.tensor([0, 1, 0, 2]), 4)
+    assert means.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+
+
+def test_centred_actions_leave_no_net_push_on_any_first_action():
+    """Two lakes, each with a winner and a loser. `Right` wins in lake 0 and loses in lake 1:
+    centred, its turns cancel; `Down` wins in lake 1 and `Up` loses in lake 0, and each
+    alone is shifted to 0. A turn with no action keeps its advantages."""
+    trajectories = [episode(0, [1.0]), episode(0, [0.0], 1), episode(1, [1.0]), episode(1, [0.0], 1),
+                    episode(2, [1.0]), episode(2, [0.0], 1)]
+    for t, move in zip(trajectories, ["Right", "Up", "Down", "Right", "Left", None]):
+        t.turns[0].actions = [move] if move else []
+    config = PPOConfig(algorithm="grpo", advantage="grpo_no_std", center_actions=True)
+    samples = turn_samples(trajectories)
+    compute_advantages(samples, trajectories, None, config, 0, None)
+    assert [s.advantages[0].item() for s in samples] == pytest.approx([0.5, 0.0, 0.0, -0.5, 0.0, -0.5])
+    # Loss masks count: a Right turn with one loss token of two weighs half as much.
+    samples = turn_samples(trajectories)
+    samples[0].loss_mask = torch.tensor([True, False])
+    compute_advantages(samples, trajectories, None, config, 0, None)
+    right = (0.5 * 1 - 0.5 * 2) / 3
+    assert samples[0].advantages.tolist() == pytest.approx([0.5 - right] * 2)
+    assert samples[3].advantages.tolist() == pytest.approx([-0.5 - right] * 2)
+    assert not PPOConfig().center_actions
+
+
 def test_episode_balance_scales_by_mean_over_own_length():
     assert core.episode_balance(torch.tensor([2, 6, 4])).tolist() == pytest.approx([2.0, 2 / 3, 1.0])
     assert core.episode_balance(torch.tensor([2, 0]), mean_tokens=3.0).tolist() == [1.5, 0.0]

@@ -237,6 +237,24 @@ def weigh_negatives(advantages: Tensor, weight: float) -> Tensor:
     return torch.where(advantages < 0, advantages * weight, advantages)
 
 
+def key_means(sums: Tensor, counts: Tensor, keys: Tensor, num_keys: int) -> Tensor:
+    """(num_keys,) ``out[k] = sum_{i: keys_i = k} sums_i / sum_{i: keys_i = k} counts_i``
+    (0 for a key with no count).
+
+    With ``sums_i`` a turn's advantage summed over its policy-loss tokens and ``counts_i``
+    its loss tokens, keyed by the turn's first action, ``out[k]`` is the mean advantage of
+    a token of action k's turns. Subtracting it from those turns leaves each action's
+    total push zero, so a token-mean step no longer moves the share of first actions as a
+    whole (the part of the gradient any state-blind policy would follow) and keeps what
+    tells the states apart: in this state, this action did better than it does on average.
+    An action-dependent baseline, so a biased policy gradient; see ``center_actions``.
+    ``sums``, ``counts``: (N,); ``keys``: (N,) long in ``[0, num_keys)``.
+    """
+    totals = torch.zeros(num_keys, dtype=torch.float64).index_add_(0, keys, sums.double())
+    tokens = torch.zeros(num_keys, dtype=torch.float64).index_add_(0, keys, counts.double())
+    return torch.where(tokens > 0, totals / tokens.clamp(min=1e-12), 0.0)
+
+
 def broadcast_to_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
     """(N,) -> (N, T): each sequence's scalar on its policy tokens, 0 elsewhere."""
     x = per_sequence.to(_up(per_sequence))

@@ -122,6 +122,13 @@ class PPOConfig:
         "only the episodes that beat their baseline are reinforced, like rejection-sampling "
         "fine-tuning). A diagnostic: pushing a sampled answer down hands its probability to the answers "
         "the model already favours; on a one-move FrozenLake task 0 did not stop the narrowing.")})
+    center_actions: bool = field(default=False, metadata={"help": (
+        "Subtract from each turn's advantages the step's mean advantage per loss token of the turns "
+        "with the same first action (over all processes; turns with no action are left as they are), "
+        "so that no first action gains or loses on balance and only its advantage relative to its "
+        "own average, i.e. where it was the better choice, is trained. Against the drift onto one "
+        "move that a policy not yet reading the state takes under on-policy RL; an action-dependent "
+        "baseline, so a biased gradient, and not a method of the paper. Applied after whitening.")})
     best_move_reward: float = field(default=0.0, metadata={"help": (
         "Add this to a turn's reward when its first action begins a shortest solution (the "
         "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
@@ -359,7 +366,7 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
             group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
         if config.balance_episodes:
             _balance(samples)
-        _weigh_negatives(samples, config.negative_weight)
+        _finish(samples, kept, config)
         return {}
     critic.eval()
     step = config.micro_batch_size
@@ -374,18 +381,49 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
         _balance(samples)
     if config.whiten_advantages:
         whiten_advantages(samples)
-    _weigh_negatives(samples, config.negative_weight)
+    _finish(samples, kept, config)
     v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
     r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
     return {"critic/explained_variance": core.explained_variance(v, r, mask)}
 
 
-def _weigh_negatives(samples: list[Sample], weight: float) -> None:
-    """:func:`spa.rl.core.weigh_negatives` on every sample's advantages, in place (last, after
-    any whitening, so that 0 leaves no push down at all)."""
-    if weight != 1.0:
+def _finish(samples: list[Sample], kept: list[Trajectory], config: PPOConfig) -> None:
+    """The last touches to the advantages, after any balancing and whitening: the action
+    centring, then the negative weight (last, so that 0 leaves no push down at all).
+    Every process must call it."""
+    if config.center_actions:
+        center_actions(samples, kept)
+    if config.negative_weight != 1.0:
         for s in samples:
-            s.advantages = core.weigh_negatives(s.advantages, weight)
+            s.advantages = core.weigh_negatives(s.advantages, config.negative_weight)
+
+
+def center_actions(samples: list[Sample], trajectories: list[Trajectory]) -> None:
+    """Shift each sample's advantages by minus :func:`spa.rl.core.key_means` of its turn's
+    first action, over the samples of every process, in place. ``trajectories`` are those
+    the samples index (``Sample.episode``); a turn with no action keeps its advantages.
+    Every process must call it."""
+    keys = [_first_action(trajectories[s.episode].turns[s.turn]) for s in samples]
+    local = [(k, float(_loss_sum(s)), float(s.loss_tokens)) for s, k in zip(samples, keys) if k is not None]
+    everyone = distributed.gather(local)
+    if not everyone:
+        return
+    names = sorted({k for k, _, _ in everyone})
+    index = {k: i for i, k in enumerate(names)}
+    means = core.key_means(torch.tensor([v for _, v, _ in everyone]), torch.tensor([n for _, _, n in everyone]),
+                           torch.tensor([index[k] for k, _, _ in everyone]), len(names))
+    for s, k in zip(samples, keys):
+        if k is not None:
+            s.advantages = s.advantages - float(means[index[k]])
+
+
+def _first_action(turn: Turn) -> str | None:
+    return turn.actions[0] if turn.actions else None
+
+
+def _loss_sum(sample: Sample) -> float:
+    adv = sample.advantages if sample.loss_mask is None else sample.advantages[sample.loss_mask]
+    return float(adv.sum())
 
 
 def _balance(samples: list[Sample]) -> None:
