@@ -107,6 +107,48 @@ def test_eval_rejects_a_bad_mode():
     assert result.exit_code == 2 and "base, state, world_model" in flat(result.output)
 
 
+def eval_folder(folder, outcomes, first_seed=10_000_000):
+    """An evaluation folder's trajectories.jsonl: per level, the successes of its samples."""
+    from spa.agent.rollout import Trajectory
+
+    folder.mkdir()
+    runs = [Trajectory("frozenlake", {"size": 3}, seed=first_seed + level, group=level, sample=s, mode="state",
+                       success=ok) for level, samples in enumerate(outcomes) for s, ok in enumerate(samples)]
+    (folder / "trajectories.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in runs))
+    return str(folder)
+
+
+def test_paired_tables_the_level_by_level_difference_and_prints_json(tmp_path):
+    # Pass@1 per level 0.5, 0, 1 -> 1, 0.5, 1: +33.3 points, 1.96 / 6 either side; Pass@2
+    # 1, 0, 1 -> 1, 1, 1: +33.3 points, 1.96 / 3 either side (tests/eval/test_paired.py).
+    before = eval_folder(tmp_path / "before", [(True, False), (False, False), (True, True)])
+    after = eval_folder(tmp_path / "after", [(True, True), (True, False), (True, True)])
+    result = runner.invoke(app, ["paired", before, after])
+    assert result.exit_code == 0, result.output
+    assert "frozenlake, 3 levels x 2 samples" in result.output
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in result.output.splitlines() if line.startswith("│")}
+    assert rows["before"] == ["50.0 [0.0, 100.0]", "66.7 [1.3, 100.0]"]  # 2/3 ± 1.96 / 3, clipped at 1
+    assert rows["after - before"] == ["+33.3 [+0.7, +66.0]", "+33.3 [-32.0, +98.7]"]
+    assert rows["levels up / down / same"] == ["2 / 0 / 1", "1 / 0 / 2"]
+    assert max(map(len, result.output.splitlines())) <= 80
+    data = json.loads(runner.invoke(app, ["paired", before, after, "--json"]).output)
+    assert data["levels"] == 3 and data["samples"] == {"before": 2, "after": 2}
+    assert data["pass@1"]["difference"] == pytest.approx(1 / 3)
+    assert data["pass@1"]["difference_ci95"] == pytest.approx([1 / 3 - 1.96 / 6, 1 / 3 + 1.96 / 6])
+
+
+def test_paired_names_a_missing_evaluation_and_levels_that_differ(tmp_path):
+    before = eval_folder(tmp_path / "before", [(True,), (False,), (True,)])
+    result = runner.invoke(app, ["paired", before, str(tmp_path / "nothing")], terminal_width=200)
+    missing = tmp_path / "nothing" / "trajectories.jsonl"
+    assert result.exit_code == 2 and f"{missing} does not exist" in flat(result.output)
+    other = eval_folder(tmp_path / "other", [(True,), (False,), (True,)], first_seed=10_000_002)
+    result = runner.invoke(app, ["paired", before, other], terminal_width=200)
+    assert result.exit_code == 2
+    assert "not play the same levels: 2 only in before (10000000, 10000001); 2 only in after" in flat(result.output)
+
+
 def test_ppl_prints_raw_and_structured(tmp_path):
     out = tmp_path / "ppl.json"
     result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--num-states", "2",

@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,15 @@ def per_level_pass_at_1(folder: Path, stage: str) -> list[float]:
     return [sum(v) / len(v) for v in levels.values()]
 
 
+def rl_gain(folder: Path) -> str:
+    """The paired RL gain cell, from the test's own count: per level final minus SFT Pass@1,
+    mean ± 1.96 sd / sqrt(levels) in signed points."""
+    gains = [b - a for a, b in zip(per_level_pass_at_1(folder, "eval_sft"), per_level_pass_at_1(folder, "eval_final"))]
+    centre = sum(gains) / len(gains)
+    half = 1.96 * statistics.stdev(gains) / len(gains) ** 0.5
+    return f"{100 * centre:+.1f} [{100 * (centre - half):+.1f}, {100 * (centre + half):+.1f}]"
+
+
 def set_successes(folder: Path, stage: str, offset: int) -> None:
     """Rewrite an evaluation's trajectories with successes that vary between levels (the
     tiny random model never succeeds, so its intervals would all be [0, 0])."""
@@ -260,6 +270,9 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
         assert pair[column + 1] == "-"
     centre, low, high = bootstrap_interval([per_level_pass_at_1(f, "eval_final") for f in folders[:2]], 500)
     assert 0 < low < centre < high < 1  # the rewritten successes: a real interval
+    # The RL gain of a run, paired over its levels: the rewritten final successes against
+    # the SFT evaluation's (none).
+    assert runs["straight"][10] == rl_gain(straight) and runs["straight"][10].startswith("+")
     # One seed: the run's own number and interval over levels, as in the per-run table.
     assert alone[5:11] == runs["other"][4:10]
     assert (tmp_path / "cmp" / "passk.png").stat().st_size > 1000
@@ -296,8 +309,9 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
                           pct("eval_sft", "pass@8"), pct("eval_final", "pass@1"), pct("eval_final", "pass@8")]
     assert cut[4:10] == full[4:8] + ["-", "-"]
     final = json.loads(Path(stages["eval_final"]["outputs"][mode]["metrics"]).read_text())
-    assert full[10] == f"{100 * final['best_first_rate']:.1f}" and cut[10] == "-"
-    assert "(unfinished)" in cut[11] and "(unfinished)" not in full[11]
+    assert full[10] == rl_gain(finished) and cut[10] == "-"  # the partial run has no final evaluation
+    assert full[11] == f"{100 * final['best_first_rate']:.1f}" and cut[11] == "-"
+    assert "(unfinished)" in cut[12] and "(unfinished)" not in full[12]
     assert (tmp_path / "cmp" / "curves.png").exists() and (tmp_path / "cmp" / "passk.png").exists()
     # A run written before intervals: its numbers alone.
     strip_intervals(finished, tmp_path / "old")

@@ -1,6 +1,8 @@
-"""``spa eval`` and ``spa ppl``: measure a model."""
+"""``spa eval``, ``spa paired`` and ``spa ppl``: measure a model, compare two evaluations."""
 
 from __future__ import annotations
+
+import json
 
 import typer
 from rich.table import Table
@@ -60,6 +62,39 @@ def evaluate_command(
         table.add_row(name, value)
     console.print(table)
     console.print(f"{metrics['wall_seconds']} s; wrote {out_dir}/metrics.json, report.md, trajectories.jsonl")
+
+
+@app.command(epilog=example("spa paired runs/exp-bc/eval-ep1 runs/exp-bc-grpo-step20-eval-128x8"))
+def paired(
+    before: str = typer.Argument(..., help="Evaluation folder (spa eval --out) of the first model."),
+    after: str = typer.Argument(..., help="Evaluation folder of the second model, on the same levels."),
+    as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON instead of a table."),
+) -> None:
+    """Compare two evaluations that played the same levels, level by level.
+
+    Each level's Pass@1 (and Pass@k with k the samples per level) after minus before,
+    averaged over the levels, with a 95% interval over levels: far narrower than the two
+    evaluations' own intervals, as each level's difficulty cancels out.
+    """
+    from spa.eval.paired import compare_evaluations, table
+
+    try:
+        result = compare_evaluations(before, after)
+    except (FileNotFoundError, ValueError) as error:
+        raise typer.BadParameter(str(error)) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    samples = result["samples"]
+    each = samples["before"] if samples["before"] == samples["after"] else f"{samples['before']} / {samples['after']}"
+    header, rows = table(result)
+    view = Table(title=f"{before} -> {after}\n{result['env']}, {result['levels']} levels x {each} samples")
+    for column in header:
+        view.add_column(column, justify="right" if column else "left")
+    for row in rows:
+        view.add_row(*row)
+    console.print(view)
+    console.print("Pass@k in %, differences in points; 95% intervals over levels.", highlight=False)
 
 
 @app.command(epilog=example("spa ppl -e sokoban -e sudoku --num-states 32"))

@@ -120,7 +120,7 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     if scored:
         result["best_first_rate"] = mean(scored)
     if intervals and len(groups) >= 2:
-        result["pass_at_k_ci95"] = {name: list(_interval(values)) for name, values in per_level.items()}
+        result["pass_at_k_ci95"] = {name: list(normal_interval(values)) for name, values in per_level.items()}
     if trajectories and trajectories[0].mode == "world_model" and turns:
         result["world_model"] = world_model_accuracy(turns)
     return result
@@ -161,14 +161,16 @@ def pass_at_k_interval(trajectories, k: int, z: float = 1.96) -> tuple[float, fl
     values = [pass_at_k(len(o), sum(o), k) for o in _level_outcomes(trajectories).values()]
     if len(values) < 2:
         raise ValueError(f"pass_at_k_interval needs at least 2 levels; got {len(values)}")
-    return _interval(values, z)
+    return normal_interval(values, z)
 
 
-def _interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
-    """``mean ± z * sd / sqrt(n)`` of ``values`` (at least 2), clipped to [0, 1]."""
+def normal_interval(values: list[float], z: float = 1.96,
+                    bounds: tuple[float, float] = (0.0, 1.0)) -> tuple[float, float]:
+    """``mean ± z * sd / sqrt(n)`` of ``values`` (at least 2), clipped to ``bounds``: [0, 1]
+    for a rate, [-1, 1] for a difference of two rates (``spa.eval.paired``)."""
     centre = mean(values)
     half = z * stdev(values) / math.sqrt(len(values))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return max(bounds[0], centre - half), min(bounds[1], centre + half)
 
 
 def bootstrap_interval(per_seed: list[list[float]], resamples: int = 10_000, seed: int = 0,

@@ -23,6 +23,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
 from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
+from spa.eval.paired import read_levels  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
@@ -90,21 +91,17 @@ def level_counts(trajectories: str | Path) -> tuple[tuple[int, int], ...] | None
 
 @lru_cache(maxsize=256)
 def _level_counts(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int], ...]:
-    counts: dict[int, list[int]] = {}
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                record = json.loads(line)
-                n_c = counts.setdefault(record["group"], [0, 0])
-                n_c[0] += 1
-                n_c[1] += bool(record["success"])
-    return tuple((n, c) for n, c in counts.values())
+    return tuple((len(outcomes), sum(outcomes)) for outcomes in read_levels(path)[1].values())
+
+
+def trajectories_path(run: dict, stage: str, mode: str) -> Path:
+    """The ``trajectories.jsonl`` of one evaluation of a run: beside its ``metrics.json``."""
+    return Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl")
 
 
 def eval_counts(run: dict, stage: str, mode: str) -> tuple[tuple[int, int], ...] | None:
-    """:func:`level_counts` of one evaluation of a run (its ``trajectories.jsonl`` sits
-    beside its ``metrics.json``)."""
-    return level_counts(Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl"))
+    """:func:`level_counts` of one evaluation of a run."""
+    return level_counts(trajectories_path(run, stage, mode))
 
 
 def per_level(run: dict, stage: str, mode: str, k: int) -> list[float] | None:

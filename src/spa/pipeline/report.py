@@ -18,8 +18,10 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
 
 from spa.eval.metrics import pct_with_interval  # noqa: E402
+from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
-from spa.pipeline.replicates import SEED_KEYS, final_mode, group_runs, group_table, plot_passk  # noqa: E402
+from spa.pipeline.replicates import (SEED_KEYS, final_mode, group_runs, group_table, model_eval,  # noqa: E402
+                                     plot_passk, trajectories_path)
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_rwml": "after RWML",
@@ -55,6 +57,21 @@ def _curve_cell(record: dict, name: str) -> str:
     """``eval/name`` of an RL log record, with ``eval/name_lo`` / ``_hi`` where logged."""
     low, high = record.get(f"eval/{name}_lo"), record.get(f"eval/{name}_hi")
     return pct_with_interval(record.get(f"eval/{name}"), None if low is None or high is None else (low, high))
+
+
+def rl_gain_cell(run: dict, mode: str | None) -> str:
+    """The paired Pass@1 gain of RL: the final evaluation minus the one before RL (after SFT
+    or RWML), level by level (:func:`spa.eval.paired.paired_difference`), ``+9.4 [+6.4, +12.3]``;
+    ``-`` without both evaluations' trajectories or when they did not play the same levels."""
+    before = model_eval(run, ("eval_sft", "eval_rwml"), mode)
+    if before is None or ("eval_final", mode) not in run["evals"]:
+        return "-"
+    try:
+        gain = compare_evaluations(trajectories_path(run, before[0], mode),
+                                   trajectories_path(run, "eval_final", mode))["pass@1"]
+    except (FileNotFoundError, ValueError):
+        return "-"
+    return signed_pct_with_interval(gain["difference"], gain["difference_ci95"])
 
 
 def eval_table(run: dict) -> str:
@@ -188,7 +205,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     Per run: Pass@1 / Pass@8 of the base model, of the model before RL (after SFT or
     RWML, when the method has that stage) and of the final model, all in the mode the
     final model is evaluated in, and the run's total wall time; each Pass@1 with its 95%
-    interval where the evaluation has one, and the final model's best-first-action rate.
+    interval where the evaluation has one, the paired Pass@1 gain of RL (:func:`rl_gain_cell`)
+    and the final model's best-first-action rate.
     A run that has not finished shows ``-`` for what it has not evaluated yet. Per group
     of replicates (same recipe, other seeds; :mod:`spa.pipeline.replicates`): the number
     of seeds and each Pass@1 / Pass@8 as mean [95% bootstrap interval over seeds and
@@ -199,8 +217,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = ["| run | method | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
-            "| final Pass@1 | final Pass@8 | final best first action | wall time (min) |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| final Pass@1 | final Pass@8 | RL gain Pass@1 (paired) | final best first action | wall time (min) |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         recipe = _recipe_summary(run["config"])
         mode = final_mode(run)
@@ -208,6 +226,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
         for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
             found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
             cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
+        cells.append(rl_gain_cell(run, mode))
         cells.append(_pct(found.get("best_first_rate")))  # the final evaluation's
         minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
         done = "report" in run["stages"]
@@ -228,7 +247,9 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     fig.savefig(out / "curves.png", dpi=110)
     plt.close(fig)
     note = ("Pass@k in %; each Pass@1 with its 95% interval over the evaluation levels (normal approximation) "
-            "in brackets where the evaluation recorded one.")
+            "in brackets where the evaluation recorded one. RL gain: the final model's Pass@1 minus the model's "
+            "before RL, level by level on the same levels, in points, with its 95% interval over levels (normal "
+            "approximation; `spa paired`).")
     groups = group_runs(runs)
     plot_passk(groups, out / "passk.png")
     group_note = (f"Runs of the same recipe but for the seeds ({', '.join(SEED_KEYS)}) form a group. Pass@k in %, "
