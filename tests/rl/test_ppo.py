@@ -496,3 +496,15 @@ def test_best_move_reward_adds_to_the_turns_that_began_a_shortest_solution():
     assert [t.reward for t in trajectories[0].turns] == [1.0, 0.0, 1.0]
     assert shape_rewards(trajectories, _shaping(lambda turn: 0.5, 2.0)) == pytest.approx((2.5 + 0.5 + 0.5) / 3)
     assert [t.reward for t in trajectories[0].turns] == [3.5, 0.5, 1.5]
+
+
+def test_excess_action_penalty_hits_answers_naming_more_actions_than_a_turn_plays():
+    from spa.rl.ppo import _shaping, shape_rewards
+
+    trajectories = [episode(0, [0.0, 0.0, 1.0])]
+    for turn, answer in zip(trajectories[0].turns, ["Down", "Down || Up || Right", " Up || ||"]):
+        turn.answer = answer  # the rollout kept only the first action of each
+    assert shape_rewards(trajectories, _shaping(None, 0.0, 0.5, 1)) == pytest.approx(-0.5 / 3)
+    assert [t.reward for t in trajectories[0].turns] == [0.0, -0.5, 1.0]
+    assert shape_rewards(trajectories, _shaping(None, 0.0, 0.5, 3)) == 0.0
+    assert PPOConfig().excess_action_penalty == 0.0

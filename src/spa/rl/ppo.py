@@ -47,6 +47,7 @@ import torch
 
 from spa import distributed
 from spa import precision as precision_
+from spa.agent.parsing import parse_response
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
@@ -133,6 +134,11 @@ class PPOConfig:
         "Add this to a turn's reward when its first action begins a shortest solution (the "
         "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
         "RL can learn with a label on every turn; not a method of the paper. 0: off.")})
+    excess_action_penalty: float = field(default=0.0, metadata={"help": (
+        "Subtract this from a turn's reward when its answer names more actions than a turn may "
+        "play (prompt.max_actions): the extra ones are never played, yet their tokens carry the "
+        "turn's advantage. SFT on the model's own correct moves taught more without such answers "
+        "(README, \"Correct moves from the model's own samples\"). Not a method of the paper; 0: off.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
@@ -504,7 +510,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     ``turn_reward(turn)`` is added to every turn's reward before the advantages (VAGEN-style
     world-model rewards, :func:`spa.rl.rewards.vagen_turn_reward`); ``rollout/reward_mean``
     stays the environment's reward, the bonus is logged as ``rollout/shaping_reward``; a
-    ``best_move_reward`` is added to it.
+    ``best_move_reward`` is added to it and ``excess_action_penalty`` taken from it.
     Launched on several processes, they train one policy together (module docstring).
     """
     out = Path(out)
@@ -553,7 +559,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # seed; each process plays its share of the seeds.
             trajectories = _play(engine, tokenizer, rollout_config, config, step)
             metrics = rollout_metrics(_everyone(trajectories))
-            shaping = _shaping(turn_reward, config.best_move_reward)
+            shaping = _shaping(turn_reward, config.best_move_reward, config.excess_action_penalty,
+                               rollout_config.prompt.max_actions_per_turn)
             if shaping is not None:
                 metrics["rollout/shaping_reward"] = shape_rewards(trajectories, shaping)
             rollout_seconds = time.perf_counter() - began
@@ -614,12 +621,20 @@ def _timed(phases: dict, name: str):
         phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
 
 
-def _shaping(turn_reward: Callable[[Turn], float] | None, best_move: float) -> Callable[[Turn], float] | None:
+def _shaping(turn_reward: Callable[[Turn], float] | None, best_move: float, excess_penalty: float = 0.0,
+             max_actions: int | None = None) -> Callable[[Turn], float] | None:
     """The per-turn bonus: ``turn_reward``, plus ``best_move`` for a turn whose first action
-    was a best one; ``None`` when there is neither."""
-    if not best_move:
+    was a best one, minus ``excess_penalty`` for an answer naming more than ``max_actions``
+    actions; ``None`` when there is none of them."""
+    if not best_move and not excess_penalty:
         return turn_reward
-    return lambda turn: (turn_reward(turn) if turn_reward else 0.0) + (best_move if turn.best_first else 0.0)
+
+    def bonus(turn: Turn) -> float:
+        named = len(parse_response(f"<answer>{turn.answer}</answer>").actions)
+        return ((turn_reward(turn) if turn_reward else 0.0) + (best_move if turn.best_first else 0.0)
+                - (excess_penalty if max_actions is not None and named > max_actions else 0.0))
+
+    return bonus
 
 
 def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], float]) -> float:
