@@ -52,6 +52,7 @@ def main(model: str, out: str, samples: int = 4, lakes: int = 400, cap: int = 80
     random.Random(seed).shuffle(kept)
     kept = [(t, k) for t, k in kept if not (single and "||" in t.turns[k].answer)][:cap]
     rng = random.Random(seed)
+    moves: Counter[str] = Counter()
     with open(out, "w", encoding="utf-8") as lines:
         for t, k in kept:
             turn = t.turns[k]
@@ -62,7 +63,7 @@ def main(model: str, out: str, samples: int = 4, lakes: int = 400, cap: int = 80
             lines.write(json.dumps({"messages": turn.prompt_messages, "response": response, "env": t.env,
                                     "seed": t.seed, "sample": t.sample, "turn": k, "actions": actions,
                                     "state_before": turn.state_before, "state_after": turn.state_after}) + "\n")
-    moves = Counter(json.loads(line)["actions"][0] for line in open(out, encoding="utf-8"))
+            moves[actions[0]] += 1
     print(f"{len(kept)} examples of {sum(len(t.turns) for t in trajectories)} turns; first moves {dict(moves)}")
 
 

@@ -43,6 +43,11 @@ def _first(tag: str, text: str) -> tuple[str, bool]:
     return (text[start:end].strip(), True) if end >= 0 else ("", False)
 
 
+def split_actions(answer: str) -> list[str]:
+    """The actions an answer names: split on ``||``, stripped, empty ones dropped."""
+    return [a.strip() for a in answer.split(ACTION_SEPARATOR) if a.strip()]
+
+
 def parse_response(
     text: str, *, world_model: bool = False, max_actions: int | None = None
 ) -> ParsedResponse:
@@ -60,7 +65,7 @@ def parse_response(
     answer, has_answer = _first("answer", text)
     observation, has_obs = _first("observation", think)
     prediction, has_pred = _first("prediction", think)
-    actions = [a.strip() for a in answer.split(ACTION_SEPARATOR) if a.strip()]
+    actions = split_actions(answer)
     if max_actions is not None:
         actions = actions[:max_actions]
     format_ok = has_think and has_answer and bool(actions)

@@ -47,7 +47,7 @@ import torch
 
 from spa import distributed
 from spa import precision as precision_
-from spa.agent.parsing import parse_response
+from spa.agent.parsing import split_actions
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
@@ -410,7 +410,7 @@ def center_actions(samples: list[Sample], trajectories: list[Trajectory]) -> Non
     the samples index (``Sample.episode``); a turn with no action keeps its advantages.
     Every process must call it."""
     keys = [_first_action(trajectories[s.episode].turns[s.turn]) for s in samples]
-    local = [(k, float(_loss_sum(s)), float(s.loss_tokens)) for s, k in zip(samples, keys) if k is not None]
+    local = [(k, _loss_sum(s), float(s.loss_tokens)) for s, k in zip(samples, keys) if k is not None]
     everyone = distributed.gather(local)
     if not everyone:
         return
@@ -630,9 +630,9 @@ def _shaping(turn_reward: Callable[[Turn], float] | None, best_move: float, exce
         return turn_reward
 
     def bonus(turn: Turn) -> float:
-        named = len(parse_response(f"<answer>{turn.answer}</answer>").actions)
+        excess = max_actions is not None and len(split_actions(turn.answer)) > max_actions
         return ((turn_reward(turn) if turn_reward else 0.0) + (best_move if turn.best_first else 0.0)
-                - (excess_penalty if max_actions is not None and named > max_actions else 0.0))
+                - (excess_penalty if excess else 0.0))
 
     return bonus
 
