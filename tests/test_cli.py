@@ -149,6 +149,24 @@ def test_paired_names_a_missing_evaluation_and_levels_that_differ(tmp_path):
     assert "not play the same levels: 2 only in before (10000000, 10000001); 2 only in after" in flat(result.output)
 
 
+def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path):
+    """The tiny random model never writes the answer format, so round 1 keeps nothing: a
+    clean error after the start's evaluation, with one-epoch SFT settings recorded."""
+    out = tmp_path / "iterate"
+    args = ["iterate", "-e", "frozenlake", "-o", "size=3", "-m", "tiny", "--out", str(out), "--rounds", "1",
+            "--episodes", "2", "--samples", "2", "--max-turns", "1", "--eval-envs", "2", "--eval-samples", "2",
+            "--set", "max_new_tokens=4"]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 1
+    assert "round 0; eval Pass@1 0.0 [0.0, 0.0]" in flat(result.output)
+    assert "round-1 kept no turn: none of 2 episodes passed keep='winners'" in flat(result.output)
+    assert (out / "round-0" / "eval" / "trajectories.jsonl").is_file()
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["iterate"]["sft"]["epochs"] == 1 and settings["iterate"]["sft"]["val_fraction"] == 0.0
+    result = runner.invoke(app, args[:-2] + ["--keep", "all"], terminal_width=200)
+    assert result.exit_code == 2 and "keep='all' is not allowed; valid: winners, best" in flat(result.output)
+
+
 def test_ppl_prints_raw_and_structured(tmp_path):
     out = tmp_path / "ppl.json"
     result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--num-states", "2",

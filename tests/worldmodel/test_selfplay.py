@@ -115,8 +115,8 @@ def test_random_exploration_in_a_plain_mode_writes_no_state_text(mode):
     assert "<observation>" in build_examples(collect(None, None, world), world)[0][0]["response"]
 
 
-def test_a_plain_mode_needs_random_exploration():
-    with pytest.raises(ValueError, match="needs exploration='random' or 'oracle'"):
+def test_a_plain_mode_needs_random_exploration_or_a_filter():
+    with pytest.raises(ValueError, match="mode='base'.*needs keep='winners' or 'best'.*exploration='random'"):
         SelfPlayConfig(env="frozenlake", mode="base")
     with pytest.raises(ValueError, match="unknown prompt mode 'planner'"):
         SelfPlayConfig(env="frozenlake", mode="planner", exploration="random")
@@ -143,3 +143,30 @@ def test_oracle_exploration_plays_only_best_actions_and_varies_among_them():
     assert sum(t.success for t in trajectories) >= 36
     # Ties are broken at random, not by a fixed order of the names.
     assert len(ties) > 10 and {chosen for best, chosen in ties if chosen != best[0]}
+
+
+def plain(actions: str) -> str:
+    """A well-formed base-mode response."""
+    return f"<think>go</think><answer>{actions}</answer>"
+
+
+def test_keep_filters_turns_by_episode_outcome_or_by_the_solver(tiny):
+    """On SFG/FHF/FFF, sample 0 wins in one turn; sample 1 starts with the best move (Right)
+    and then steps into the hole: winners keeps sample 0's turn, best both first turns."""
+    _, tokenizer = tiny
+    script = [[plain("Right || Right"), plain("Right")], [plain("Down")]]
+    kept = {}
+    for keep in ("winners", "best"):
+        config = SelfPlayConfig(env="frozenlake", env_config={"desc": "SFG/FHF/FFF", "is_slippery": False},
+                                episodes=2, samples=2, max_turns=2, max_actions_per_turn=2, mode="base", keep=keep)
+        examples, stats = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
+        kept[keep] = [(e["sample"], e["turn"], e["response"]) for e in examples]
+        assert stats["kept"] + stats["dropped_by_filter"] == stats["turns"] == 3
+    assert kept["winners"] == [(0, 0, plain("Right || Right"))]
+    assert kept["best"] == [(0, 0, plain("Right || Right")), (1, 0, plain("Right"))]
+
+
+def test_keep_values():
+    with pytest.raises(ValueError, match="keep='some'.*all, winners, best"):
+        SelfPlayConfig(keep="some")
+    assert SelfPlayConfig(mode="state", keep="winners").keep == "winners"

@@ -5,6 +5,7 @@ from spa.cli import play  # noqa: F401  isort: skip
 from spa.cli import evaluation  # noqa: F401  isort: skip
 from spa.cli import training  # noqa: F401  isort: skip
 from spa.cli import rwml  # noqa: F401  isort: skip
+from spa.cli import iterate  # noqa: F401  isort: skip
 from spa.cli import pipeline  # noqa: F401  isort: skip
 from spa.cli.common import app
 

@@ -27,7 +27,10 @@ def selfplay(
     coords: str = typer.Option("true", help="true, or random (ablation: random coordinates)."),
     drop_no_valid_action: bool = typer.Option(False, help="Also drop turns whose actions all failed."),
     mode: str = typer.Option("world_model", help="Prompt mode of the examples: world_model, or base or state "
-                                                 "(no state text in the response; random or oracle exploration)."),
+                                                 "(no state text in the response; random or oracle exploration, "
+                                                 "or self-play with --keep)."),
+    keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes) or best (first "
+                                         "action on a shortest solution): rejection sampling."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,
@@ -47,7 +50,7 @@ def selfplay(
             env=env, env_config=parse_options(option), episodes=episodes, samples=samples,
             max_turns=max_turns, max_actions_per_turn=max_actions, max_new_tokens=max_new_tokens,
             states=states, exploration=exploration, coords=coords,
-            drop_no_valid_action=drop_no_valid_action, seed=seed, mode=mode)
+            drop_no_valid_action=drop_no_valid_action, seed=seed, mode=mode, keep=keep)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     engine = tokenizer = None
@@ -64,7 +67,8 @@ def selfplay(
     write_json(Path(out).with_suffix(".stats.json"), stats)
     console.print(f"{stats['kept']} examples from {stats['turns']} turns "
                   f"({stats['dropped_malformed']} malformed, {stats['dropped_no_valid_action']} without a "
-                  f"valid action dropped); episode success {100 * stats['success_rate']:.1f}%; "
+                  f"valid action, {stats['dropped_by_filter']} by --keep dropped); "
+                  f"episode success {100 * stats['success_rate']:.1f}%; "
                   f"{stats['wall_seconds']} s -> {out}")
 
 

@@ -21,6 +21,12 @@ Ablation switches, each one of the paper's experiments:
 that prompt mode, with a short reasoning and the actions and no state text in the
 response: the format bootstrap of the methods whose RL prompt has no world model, so
 that every method starts RL from the same format competence.
+
+``keep`` filters the turns that become examples, which turns self-play into rejection
+sampling (expert iteration): ``winners`` keeps the turns of episodes that succeeded (the
+task's own sparse reward), ``best`` the turns whose first action begins a shortest
+solution (a solver's label). With a filter, self-play data may use any prompt mode: the
+model's own response, answer rewritten to the actions played, is the target.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from spa.eval.metrics import grid_cells
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
+KEEP = ("all", "winners", "best")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
 
@@ -64,14 +71,17 @@ class SelfPlayConfig:
     coords: str = "true"  # true | random
     drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
     seed: int = 0  # sampling / random-exploration seed
-    mode: str = "world_model"  # prompt mode; base and state only with exploration="random"
+    mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
+    keep: str = "all"  # all | winners (turns of successful episodes) | best (best first action)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
-        if self.mode != "world_model" and self.exploration == "self_play":
-            raise ValueError(f"mode={self.mode!r} needs exploration='random' or 'oracle': self-play data is "
-                             "world-model data (observation and prediction to correct)")
-        for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS)):
+        if self.mode != "world_model" and self.exploration == "self_play" and self.keep == "all":
+            raise ValueError(f"mode={self.mode!r} with exploration='self_play' needs keep='winners' or 'best' "
+                             "(or exploration='random' or 'oracle'): unfiltered self-play data is world-model "
+                             "data (observation and prediction to correct)")
+        for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS),
+                              ("keep", KEEP)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
@@ -189,6 +199,17 @@ def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Tra
     return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn)
 
 
+def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
+    """Whether a well-formed turn passes the ``keep`` filter."""
+    if keep == "winners":
+        return trajectory.success
+    if keep == "best":
+        if turn.best_first is None:
+            raise ValueError(f"keep='best' needs a solver, and {trajectory.env} has none (best_actions)")
+        return turn.best_first
+    return True
+
+
 def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tuple[list[dict], dict]:
     """SFT examples (one per kept turn) and counts of what was kept and dropped."""
     rng = np.random.default_rng(config.seed + 1)
@@ -202,6 +223,9 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
                 continue
             if config.drop_no_valid_action and not turn.any_valid:
                 counts["dropped_no_valid_action"] += 1
+                continue
+            if not _kept(trajectory, turn, config.keep):
+                counts["dropped_by_filter"] += 1
                 continue
             counts["kept"] += 1
             examples.append({
@@ -218,6 +242,7 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
         "kept": counts["kept"],
         "dropped_malformed": counts["dropped_malformed"],
         "dropped_no_valid_action": counts["dropped_no_valid_action"],
+        "dropped_by_filter": counts["dropped_by_filter"],
         "config": asdict(config),
     }
     return examples, stats

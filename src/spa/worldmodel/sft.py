@@ -154,9 +154,10 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
     Each process scores its share of the examples and probes; the sums are added, so the
     numbers are those of the whole held-out set.
     """
+    # Only world-model responses have a next state to write; plain-mode examples are scored by loss alone.
+    probe = [e for e in raw if "<prediction>" in e["response"]][: config.val_examples_generate]
     loss, count, hits, probes = distributed.total(*_validation_sums(
-        model, tokenizer, distributed.shard(examples), distributed.shard(raw[: config.val_examples_generate]),
-        config))
+        model, tokenizer, distributed.shard(examples), distributed.shard(probe), config))
     return {"val_loss": loss / max(count, 1), "val_prediction_exact": hits / probes if probes else 0.0,
             "val_examples": len(examples)}
 

@@ -1,0 +1,78 @@
+"""``spa iterate``: expert iteration, rounds of self-play filtered by reward and SFT on the rest."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import typer
+
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
+                            load, make_env, parse_options, prompt_config, settings)
+
+
+@app.command(epilog=example("spa iterate -e frozenlake --model runs/fl/sft/epoch-3 --out runs/fl-iterate"))
+def iterate(
+    env: str = EnvNameOption,
+    out: str = typer.Option(..., help="Run folder: rounds.json, and round-N/ with data.jsonl, sft/, eval/."),
+    model: str = ModelOption,
+    mode: str = typer.Option("base", help="Prompt mode: base, state or world_model."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of play, filter and SFT."),
+    episodes: int = typer.Option(1600, min=1, help="Episodes played per round (a multiple of --samples)."),
+    samples: int = typer.Option(4, min=1, help="Episodes per level."),
+    keep: str = typer.Option("winners", help="Turns trained on: winners (of episodes that succeeded: the "
+                                             "task's reward) or best (first action on a shortest solution)."),
+    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
+    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
+    lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),
+    eval_envs: int = typer.Option(128, min=0, help="Evaluation levels after each round (and at the start); "
+                                                   "0: no evaluation."),
+    eval_samples: int = typer.Option(8, min=1, help="Samples per evaluation level."),
+    dtype: str = DtypeOption,
+    set_: list[str] = SetOption,
+    option: list[str] = EnvOption,
+) -> None:
+    """Expert iteration: the policy plays, keeps what won, and fine-tunes on it, round after round.
+
+    A killed run resumes where it stopped when given the same command.
+    """
+    from spa import precision
+    from spa.agent.rollout import RolloutConfig
+    from spa.config import to_dict
+    from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.eval.metrics import pct_with_interval
+    from spa.eval.paired import signed_pct_with_interval
+    from spa.rl.expert_iteration import IterateConfig, run
+
+    make_env(env, option)
+    prompt = prompt_config(mode, max_turns, max_actions, 0)
+    sft = {**to_dict(IterateConfig().sft), "lr": lr, "precision": dtype}  # the one-epoch defaults, not SFTConfig's
+    base = dict(rounds=rounds, episodes=episodes, samples=samples, keep=keep, sft=sft)
+    config = settings(IterateConfig, base, set_)
+    rollout = RolloutConfig(env, parse_options(option), prompt)
+    load_fp32 = partial(load, dtype="fp32", announce=False)
+    eval_config = EvalConfig(env, parse_options(option), prompt, max(eval_envs, 1), eval_samples,
+                             max_new_tokens=config.max_new_tokens)
+
+    def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
+        return evaluate(lm, tokenizer, eval_config, folder, model_name=model, progress=False,
+                        dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device).decode_dtype)
+
+    def report(record: dict) -> None:
+        line = f"round {record['round']}"
+        if "kept" in record:
+            line += f": kept {record['kept']} of {record['turns']} turns (play success " \
+                    f"{100 * record['play_success']:.1f}%)"
+        if "eval" in record:
+            line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
+        if "gain_pass@1" in record:
+            gain = record["gain_pass@1"]
+            line += f", paired gain {signed_pct_with_interval(gain['difference'], gain['difference_ci95'])}"
+        console.print(line)
+
+    try:
+        run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_envs else None, on_round=report)
+    except (ValueError, RuntimeError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"rounds in {out}/rounds.json; last policy in {out}/round-{config.rounds}/sft")

@@ -1,0 +1,94 @@
+import json
+
+import pytest
+import torch
+
+from scripted import ScriptedEngine
+from spa.agent.prompts import PromptConfig
+from spa.agent.rollout import RolloutConfig
+from spa.eval.evaluate import EvalConfig, evaluate
+from spa.models import load_model
+from spa.rl import expert_iteration
+from spa.rl.expert_iteration import IterateConfig, run
+from spa.worldmodel.sft import SFTConfig, masked_lm_loss
+from spa.worldmodel.tokenize import tokenize_example
+
+MAP = {"desc": "SFG/FHF/FFF", "is_slippery": False}  # Right || Right wins in one turn
+ROLLOUT = RolloutConfig("frozenlake", MAP, PromptConfig("base", 1, 2, 0))
+WIN, LOSE = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
+
+
+def load(name):
+    return load_model(name, dtype="fp32")
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Every round's sampler answers: sample 0 wins, sample 1 does not; counts the rounds played."""
+    played = []
+
+    def engine(model, tokenizer, dtype=None):
+        played.append(1)
+        return ScriptedEngine(tokenizer, [[WIN, LOSE]])
+
+    monkeypatch.setattr(expert_iteration, "Engine", engine)
+    return played
+
+
+def config(**overrides):
+    sft = SFTConfig(epochs=1, val_fraction=0.0, lr=1e-3, batch_size=2, precision="fp32")
+    return IterateConfig(**{"rounds": 2, "episodes": 2, "samples": 2, "sft": sft, **overrides})
+
+
+def evaluate_fn(lm, tokenizer, folder):
+    return evaluate(lm, tokenizer, EvalConfig("frozenlake", MAP, ROLLOUT.prompt, 2, 2, max_new_tokens=8), folder,
+                    progress=False)
+
+
+def loss_of(folder, example):
+    lm, tokenizer = load(folder)
+    tokens = tokenize_example(tokenizer, example["messages"], example["response"], False)
+    ids = torch.tensor([tokens.input_ids])
+    loss, count = masked_lm_loss(lm, ids, torch.ones_like(ids), torch.tensor([tokens.loss_mask]))
+    return loss.item() / count
+
+
+def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
+    records = run("tiny", load, config(), ROLLOUT, tmp_path, evaluate=evaluate_fn)
+    assert [r["round"] for r in records] == [0, 1, 2]
+    assert json.loads((tmp_path / "rounds.json").read_text()) == json.loads(json.dumps(records))
+    for round_, record in enumerate(records[1:], start=1):
+        examples = [json.loads(line) for line in (tmp_path / f"round-{round_}" / "data.jsonl").open()]
+        assert [(e["sample"], e["response"]) for e in examples] == [(0, WIN)]
+        assert examples[0]["seed"] != 0 or round_ == 1  # round 2 plays the next training level
+        assert (record["kept"], record["turns"], record["play_success"]) == (1, 2, 0.5)
+        assert record["model"] == str(tmp_path / f"round-{round_}" / "sft" / "epoch-1")
+        assert set(record["gain_pass@1"]) == {"difference", "difference_ci95", "improved", "worsened"}
+        assert record["eval_episodes"] == 4 and "pass@1" in record["eval_ci95"]
+    seeds = [json.loads((tmp_path / f"round-{r}" / "data.jsonl").read_text())["seed"] for r in (1, 2)]
+    assert seeds[0] != seeds[1]
+    winner = json.loads((tmp_path / "round-1" / "data.jsonl").read_text())
+    assert loss_of(records[1]["model"], winner) < loss_of("tiny", winner)  # the round learned its winner
+
+    assert len(scripted) == 2
+    more = run("tiny", load, config(rounds=3), ROLLOUT, tmp_path, evaluate=evaluate_fn)
+    assert len(scripted) == 3 and [r["round"] for r in more] == [0, 1, 2, 3]  # rounds 1-2 were skipped
+    assert more[:3] == records
+    with pytest.raises(ValueError, match="started with other iterate settings"):
+        run("tiny", load, config(keep="best"), ROLLOUT, tmp_path)
+
+
+def test_a_round_without_a_winner_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+                        ScriptedEngine(tokenizer, [[LOSE, LOSE]]))
+    with pytest.raises(RuntimeError, match="round-1 kept no turn: none of 2 episodes passed keep='winners'"):
+        run("tiny", load, config(), ROLLOUT, tmp_path)
+
+
+def test_config_errors_name_the_value():
+    with pytest.raises(ValueError, match="keep='all' is not allowed; valid: winners, best"):
+        IterateConfig(keep="all")
+    with pytest.raises(ValueError, match="episodes=10 must be a positive multiple of samples=4"):
+        IterateConfig(episodes=10)
+    with pytest.raises(ValueError, match="rounds=0"):
+        IterateConfig(rounds=0)
