@@ -62,6 +62,7 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
         assert [(e["sample"], e["response"]) for e in examples] == [(0, WIN)]
         assert examples[0]["seed"] != 0 or round_ == 1  # round 2 plays the next training level
         assert (record["kept"], record["turns"], record["play_success"]) == (1, 2, 0.5)
+        assert (record["best_first_kept"], record["best_first_dropped"]) == (1.0, 0.0)  # Right, then Down
         assert record["model"] == str(tmp_path / f"round-{round_}" / "sft" / "epoch-1")
         assert set(record["gain_pass@1"]) == {"difference", "difference_ci95", "improved", "worsened"}
         assert record["eval_episodes"] == 4 and "pass@1" in record["eval_ci95"]

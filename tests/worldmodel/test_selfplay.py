@@ -162,8 +162,10 @@ def test_keep_filters_turns_by_episode_outcome_or_by_the_solver(tiny):
         examples, stats = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
         kept[keep] = [(e["sample"], e["turn"], e["response"]) for e in examples]
         assert stats["kept"] + stats["dropped_by_filter"] == stats["turns"] == 3
+        kept[keep + " best-first"] = (stats["best_first_kept"], stats["best_first_dropped"])
     assert kept["winners"] == [(0, 0, plain("Right || Right"))]
     assert kept["best"] == [(0, 0, plain("Right || Right")), (1, 0, plain("Right"))]
+    assert kept["winners best-first"] == (1.0, 0.5) and kept["best best-first"] == (1.0, 0.0)
 
 
 def test_keep_values():

@@ -62,7 +62,11 @@ def iterate(
         line = f"round {record['round']}"
         if "kept" in record:
             line += f": kept {record['kept']} of {record['turns']} turns (play success " \
-                    f"{100 * record['play_success']:.1f}%)"
+                    f"{100 * record['play_success']:.1f}%"
+            if record.get("best_first_kept") is not None and record.get("best_first_dropped") is not None:
+                line += f"; best first move in {100 * record['best_first_kept']:.0f}% of the kept turns, " \
+                        f"{100 * record['best_first_dropped']:.0f}% of the others"
+            line += ")"
         if "eval" in record:
             line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
         if "gain_pass@1" in record:

@@ -102,7 +102,8 @@ def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig,
         stats = _play(model, load, config, selfplay_config(config, rollout, round_), folder / "data.jsonl")
         model = _train(model, load, config.sft, folder)
         record = {"round": round_, "model": model, "kept": stats["kept"], "turns": stats["turns"],
-                  "play_success": stats["success_rate"]}
+                  "play_success": stats["success_rate"], "best_first_kept": stats.get("best_first_kept"),
+                  "best_first_dropped": stats.get("best_first_dropped")}
         if evaluate is not None:
             previous = out / f"round-{round_ - 1}" / "eval"
             record.update(_evaluation(model, load, evaluate, folder / "eval", before=previous))

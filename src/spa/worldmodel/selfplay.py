@@ -210,6 +210,10 @@ def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
     return True
 
 
+def _rate(hits: int, total: int) -> float | None:
+    return hits / total if total else None
+
+
 def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tuple[list[dict], dict]:
     """SFT examples (one per kept turn) and counts of what was kept and dropped."""
     rng = np.random.default_rng(config.seed + 1)
@@ -224,7 +228,11 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
             if config.drop_no_valid_action and not turn.any_valid:
                 counts["dropped_no_valid_action"] += 1
                 continue
-            if not _kept(trajectory, turn, config.keep):
+            kept = _kept(trajectory, turn, config.keep)
+            if turn.best_first is not None:  # how often each side of the filter began a shortest solution
+                counts[f"best_first_{'kept' if kept else 'dropped'}"] += turn.best_first
+                counts[f"solved_{'kept' if kept else 'dropped'}"] += 1
+            if not kept:
                 counts["dropped_by_filter"] += 1
                 continue
             counts["kept"] += 1
@@ -243,6 +251,10 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
         "dropped_malformed": counts["dropped_malformed"],
         "dropped_no_valid_action": counts["dropped_no_valid_action"],
         "dropped_by_filter": counts["dropped_by_filter"],
+        # Share of kept and of filtered-out turns whose first action begins a shortest solution
+        # (None without a solver, or with nothing on that side): how much the filter selects.
+        "best_first_kept": _rate(counts["best_first_kept"], counts["solved_kept"]),
+        "best_first_dropped": _rate(counts["best_first_dropped"], counts["solved_dropped"]),
         "config": asdict(config),
     }
     return examples, stats
