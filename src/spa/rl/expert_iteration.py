@@ -24,6 +24,7 @@ killed at any point resumes where it stopped.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -103,7 +104,8 @@ def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig,
         model = _train(model, load, config.sft, folder)
         record = {"round": round_, "model": model, "kept": stats["kept"], "turns": stats["turns"],
                   "play_success": stats["success_rate"], "best_first_kept": stats.get("best_first_kept"),
-                  "best_first_dropped": stats.get("best_first_dropped")}
+                  "best_first_dropped": stats.get("best_first_dropped"), "play_seconds": stats.get("wall_seconds"),
+                  "sft_seconds": _sft_seconds(folder / "sft")}
         if evaluate is not None:
             previous = out / f"round-{round_ - 1}" / "eval"
             record.update(_evaluation(model, load, evaluate, folder / "eval", before=previous))
@@ -129,6 +131,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     stats_path = data.with_suffix(".stats.json")
     if stats_path.is_file():  # written after the data, so both are complete
         return json.loads(stats_path.read_text(encoding="utf-8"))
+    start = time.perf_counter()
     lm, tokenizer = load(model)
     engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device)
                     .decode_dtype)
@@ -137,6 +140,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
         raise RuntimeError(f"{data.parent.name} kept no turn: none of {stats['episodes']} episodes passed "
                            f"keep={play.keep!r} (success {100 * stats['success_rate']:.1f}%); play more "
                            "episodes, or start from a model that sometimes succeeds")
+    stats["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_jsonl(data, examples)
     write_json(stats_path, stats)
     return stats
@@ -153,6 +157,11 @@ def _train(model: str, load: Loader, config: SFTConfig, folder: Path) -> str:
     return str(final)
 
 
+def _sft_seconds(sft_dir: Path) -> float:
+    epochs = json.loads((sft_dir / "metrics.json").read_text(encoding="utf-8"))["epochs"]
+    return round(sum(epoch["seconds"] for epoch in epochs), 1)
+
+
 def _evaluation(model: str, load: Loader, evaluate: Callable, folder: Path, before: Path | None = None) -> dict:
     """Pass@1 and Pass@k of ``model`` with 95% intervals (evaluated unless ``folder`` holds its
     metrics), and the paired Pass@1 difference from the evaluation in ``before``."""
@@ -161,8 +170,8 @@ def _evaluation(model: str, load: Loader, evaluate: Callable, folder: Path, befo
         lm, tokenizer = load(model)
         evaluate(lm, tokenizer, folder)
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-    record = {"eval_episodes": metrics["episodes"], "eval": metrics["pass_at_k"],
-              "eval_ci95": metrics.get("pass_at_k_ci95", {})}
+    record = {"eval_episodes": metrics["episodes"], "eval_seconds": metrics["wall_seconds"],
+              "eval": metrics["pass_at_k"], "eval_ci95": metrics.get("pass_at_k_ci95", {})}
     if before is not None:
         gain = compare_evaluations(before / TRAJECTORIES, folder / TRAJECTORIES)["pass@1"]
         record["gain_pass@1"] = {key: gain[key] for key in ("difference", "difference_ci95", "improved", "worsened")}
