@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
+# No wheel cache: the wheels are installed once, and a cached copy of torch doubles the disk
+# an install needs (a CI machine has run out of space here).
+export PIP_NO_CACHE_DIR=1
 step() { echo "install.sh: $*"; }
 [ -x .venv/bin/python ] || { step "creating .venv with $("$PYTHON" --version)"; "$PYTHON" -m venv .venv; }
 step "pip itself"

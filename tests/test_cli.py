@@ -207,7 +207,8 @@ def test_selfplay_oracle_data_in_the_state_mode(tmp_path):
     assert json.loads((tmp_path / "fl.stats.json").read_text())["config"]["exploration"] == "oracle"
     result = runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--mode", "state"],
                            terminal_width=200)
-    assert result.exit_code == 2 and "mode='state' needs exploration='random' or 'oracle'" in flat(result.output)
+    assert result.exit_code == 2
+    assert "mode='state' with exploration='self_play' needs keep='winners' or 'best'" in flat(result.output)
 
 
 def test_selfplay_rejects_bad_ablation_values(tmp_path):

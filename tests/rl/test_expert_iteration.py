@@ -66,7 +66,9 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
         assert record["model"] == str(tmp_path / f"round-{round_}" / "sft" / "epoch-1")
         assert set(record["gain_pass@1"]) == {"difference", "difference_ci95", "improved", "worsened"}
         assert record["eval_episodes"] == 4 and "pass@1" in record["eval_ci95"]
-        assert all(record[f"{phase}_seconds"] > 0 for phase in ("play", "sft", "eval"))
+        # Tiny rounds take well under 0.1 s, which the record rounds to 0.0.
+        assert all(isinstance(record[f"{phase}_seconds"], float) and record[f"{phase}_seconds"] >= 0
+                   for phase in ("play", "sft", "eval"))
     seeds = [json.loads((tmp_path / f"round-{r}" / "data.jsonl").read_text())["seed"] for r in (1, 2)]
     assert seeds[0] != seeds[1]
     winner = json.loads((tmp_path / "round-1" / "data.jsonl").read_text())
