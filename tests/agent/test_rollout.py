@@ -122,6 +122,16 @@ def test_best_first_marks_the_first_action_against_the_state_the_turn_saw(tiny):
     assert [t.best_first for t in first.turns] == [True, False]  # ... and read canonically
     assert [t.best_first for t in second.turns] == [False, False]  # an edge bump; no action at all
     assert summarize([first, second])["best_first_rate"] == 0.25
+    # Down, Down: each one step closer from where it was taken; from (2,0) Up is not.
+    assert [t.best_run for t in first.turns] == [2, 0] and [t.best_run for t in second.turns] == [0, 0]
+
+
+def test_best_run_counts_the_leading_best_actions_each_from_its_own_state(tiny):
+    _, tokenizer = tiny
+    script = [[wm("Right || Up || Right"), wm("Right || Right || Down")]]  # Up bumps the edge at (0,1)
+    config = RolloutConfig("frozenlake", FL, PromptConfig(max_turns=1, max_actions_per_turn=3))
+    bump, straight = rollout(ScriptedEngine(tokenizer, script), tokenizer, [0], 2, config, SamplingParams())
+    assert (bump.turns[0].best_run, straight.turns[0].best_run) == (1, 3)  # (0,2) then Down to (1,2)
 
 
 def test_best_first_reads_sudoku_cells_however_they_are_spaced(tiny):
@@ -142,6 +152,7 @@ def test_best_first_is_none_without_a_solution_and_old_turns_still_load(tiny):
     (trajectory,) = rollout(ScriptedEngine(tokenizer, [[wm("Right")]]), tokenizer, [0], 1, config,
                             SamplingParams())
     assert trajectory.turns[0].best_first is None  # the hole cuts the start off from the goal
+    assert trajectory.turns[0].best_run is None
     assert "best_first_rate" not in summarize([trajectory])
     # A turn saved before best_first existed has no such key; it loads as "not scored".
     record = trajectory.to_json()["turns"][0]

@@ -168,7 +168,23 @@ def test_keep_filters_turns_by_episode_outcome_or_by_the_solver(tiny):
     assert kept["winners best-first"] == (1.0, 0.5) and kept["best best-first"] == (1.0, 0.0)
 
 
+def test_best_prefix_cuts_the_answer_to_its_leading_best_actions(tiny):
+    """On SFG/FHF/FFF, Right is one step closer to the goal and Down from (0,1) falls into the
+    hole: best keeps the turn as played, best_prefix keeps its answer's first action only."""
+    _, tokenizer = tiny
+    responses = {}
+    for keep in ("best", "best_prefix"):
+        config = SelfPlayConfig(env="frozenlake", env_config={"desc": "SFG/FHF/FFF", "is_slippery": False},
+                                episodes=1, samples=1, max_turns=1, max_actions_per_turn=2, mode="base", keep=keep)
+        engine = ScriptedEngine(tokenizer, [[plain("Right || Down")]])
+        examples, _ = build_examples(collect(engine, tokenizer, config), config)
+        responses[keep] = [e["response"] for e in examples]
+    assert responses == {"best": [plain("Right || Down")], "best_prefix": [plain("Right")]}
+
+
 def test_keep_values():
     with pytest.raises(ValueError, match="keep='some'.*all, winners, best"):
         SelfPlayConfig(keep="some")
+    with pytest.raises(ValueError, match="keep='best_prefix' needs mode='base' or 'state'"):
+        SelfPlayConfig(keep="best_prefix")
     assert SelfPlayConfig(mode="state", keep="winners").keep == "winners"

@@ -46,6 +46,9 @@ class Turn:
     # Whether the first action begins a shortest solution from state_before (TextEnv.best_actions);
     # None where the env has no solver. Defaulted so trajectories saved without it still load.
     best_first: bool | None = None
+    # How many of the turn's leading played actions each began a shortest solution from the
+    # state it was taken in (0 when the first did not); None where the env has no solver.
+    best_run: int | None = None
 
     @property
     def any_valid(self) -> bool:
@@ -153,13 +156,20 @@ def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget:
     best = env.best_actions()  # before any action changes the state
     first = env.canonical_action(parsed.actions[0]) if parsed.actions else None  # the agent's spelling varies
     env_reward, valid, done = 0.0, [], False
+    run, best_here = (None, None) if best is None else (0, best)  # best_here: None once the run ended
     for action in parsed.actions:
+        if best_here is not None and env.canonical_action(action) in best_here:
+            run += 1
+        else:
+            best_here = None
         _, reward, terminated, truncated, info = env.step(action)
         env_reward += reward
         valid.append(bool(info["action_valid"]))
         if terminated or truncated:
             done = True
             break
+        if best_here is not None:
+            best_here = env.best_actions()
     penalty = 0.0 if any(valid) else format_penalty
     turn = Turn(
         prompt_messages=messages, prompt_ids=list(prompt_ids), response=generation.text,
@@ -171,5 +181,6 @@ def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget:
         state_after=env.state_text(), grid_after=env.render(),
         env_reward=env_reward, reward=env_reward + penalty,
         best_first=None if best is None else first in best,  # no action, or an unparsable one: False
+        best_run=run,
     )
     return turn, done

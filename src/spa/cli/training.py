@@ -29,8 +29,9 @@ def selfplay(
     mode: str = typer.Option("world_model", help="Prompt mode of the examples: world_model, or base or state "
                                                  "(no state text in the response; random or oracle exploration, "
                                                  "or self-play with --keep)."),
-    keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes) or best (first "
-                                         "action on a shortest solution): rejection sampling."),
+    keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes), best (first "
+                                         "action on a shortest solution) or best_prefix (those, answer cut to "
+                                         "its leading best actions): rejection sampling."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,

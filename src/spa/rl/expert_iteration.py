@@ -7,7 +7,10 @@ the actions played), and one SFT run on them gives the next round's policy:
 * ``keep="winners"``: the turns of episodes that succeeded, i.e. the environment's sparse
   reward and nothing else (rejection-sampling fine-tuning: STaR, ReST, RAFT);
 * ``keep="best"``: the turns whose first action begins a shortest solution, a solver's label
-  (a diagnostic: how much a perfect per-turn filter adds over the episode's outcome).
+  (a diagnostic: how much a perfect per-turn filter adds over the episode's outcome);
+* ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
+  that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
+  correct moves taught; README, "Correct moves from the model's own samples").
 
 Why it is here beside PPO: on these CPU budgets PPO's few small updates per step did not
 move the policy, while on the same samples about a hundred SFT steps at 1e-4 on the kept
@@ -54,7 +57,7 @@ class IterateConfig:
     rounds: int = 3
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
-    keep: str = "winners"  # winners | best
+    keep: str = "winners"  # winners | best | best_prefix
     new_levels: bool = True  # each round plays the next block of training levels, not the same ones
     max_new_tokens: int = 64  # per turn while playing
     temperature: float = 1.0
@@ -65,7 +68,7 @@ class IterateConfig:
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds} must be at least 1")
         if self.keep not in KEEP or self.keep == "all":
-            raise ValueError(f"keep={self.keep!r} is not allowed; valid: winners, best")
+            raise ValueError(f"keep={self.keep!r} is not allowed; valid: winners, best, best_prefix")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
 

@@ -25,8 +25,10 @@ that every method starts RL from the same format competence.
 ``keep`` filters the turns that become examples, which turns self-play into rejection
 sampling (expert iteration): ``winners`` keeps the turns of episodes that succeeded (the
 task's own sparse reward), ``best`` the turns whose first action begins a shortest
-solution (a solver's label). With a filter, self-play data may use any prompt mode: the
-model's own response, answer rewritten to the actions played, is the target.
+solution (a solver's label), ``best_prefix`` the same turns with the answer cut to its
+leading actions that each began a shortest solution from the state it was taken in (so
+no unlabelled move rides along). With a filter, self-play data may use any prompt mode:
+the model's own response, answer rewritten to the actions played, is the target.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from spa.eval.metrics import grid_cells
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
-KEEP = ("all", "winners", "best")
+KEEP = ("all", "winners", "best", "best_prefix")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
 
@@ -72,7 +74,7 @@ class SelfPlayConfig:
     drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
     seed: int = 0  # sampling / random-exploration seed
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
-    keep: str = "all"  # all | winners (turns of successful episodes) | best (best first action)
+    keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -80,6 +82,9 @@ class SelfPlayConfig:
             raise ValueError(f"mode={self.mode!r} with exploration='self_play' needs keep='winners' or 'best' "
                              "(or exploration='random' or 'oracle'): unfiltered self-play data is world-model "
                              "data (observation and prediction to correct)")
+        if self.keep == "best_prefix" and self.mode == "world_model":
+            raise ValueError("keep='best_prefix' needs mode='base' or 'state': a cut answer would no longer "
+                             "match the prediction of the state after all its actions")
         for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS),
                               ("keep", KEEP)):
             if getattr(self, name) not in allowed:
@@ -115,11 +120,12 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
 
     The answer is rewritten to the actions that were applied, so that the prediction
     (the state after them) matches it even when the model wrote more actions than
-    the per-turn cap.
+    the per-turn cap; under ``keep="best_prefix"``, to the leading ones that were best.
     """
     response = turn.response
     think_end = response.find("</think>")
-    answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(turn.actions)}</answer>"
+    actions = turn.actions[: turn.best_run] if config.keep == "best_prefix" else turn.actions
+    answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
     response = response[: think_end + len("</think>")] + answer
     if config.states == "self_belief" or config.mode != "world_model":
         return response
@@ -203,9 +209,9 @@ def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
     """Whether a well-formed turn passes the ``keep`` filter."""
     if keep == "winners":
         return trajectory.success
-    if keep == "best":
+    if keep in ("best", "best_prefix"):
         if turn.best_first is None:
-            raise ValueError(f"keep='best' needs a solver, and {trajectory.env} has none (best_actions)")
+            raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
         return turn.best_first
     return True
 
