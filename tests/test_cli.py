@@ -164,7 +164,8 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
     settings = json.loads((out / "settings.json").read_text())
     assert settings["iterate"]["sft"]["epochs"] == 1 and settings["iterate"]["sft"]["val_fraction"] == 0.0
     result = runner.invoke(app, args[:-2] + ["--keep", "all"], terminal_width=200)
-    assert result.exit_code == 2 and "keep='all' is not allowed; valid: winners, best, best_prefix" in flat(result.output)
+    assert result.exit_code == 2
+    assert "keep='all' is not allowed; valid: winners, best, best_prefix" in flat(result.output)
 
 
 def test_ppl_prints_raw_and_structured(tmp_path):
