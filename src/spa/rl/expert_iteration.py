@@ -6,8 +6,9 @@ the actions played), and one SFT run on them gives the next round's policy:
 
 * ``keep="winners"``: the turns of episodes that succeeded, i.e. the environment's sparse
   reward and nothing else (rejection-sampling fine-tuning: STaR, ReST, RAFT);
-* ``keep="best"``: the turns whose first action begins a shortest solution, a solver's label
-  (a diagnostic: how much a perfect per-turn filter adds over the episode's outcome);
+* ``keep="best"``: the turns whose first action begins a shortest solution, a solver's
+  per-turn label (a dense reward the task does not give; where the episode's outcome was
+  too noisy a filter, this one taught the policy to read the state);
 * ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
   that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
   correct moves taught; README, "Correct moves from the model's own samples").
