@@ -27,8 +27,8 @@ def test_runs_that_differ_only_in_seeds_are_one_group():
 
 
 def test_the_seeds_of_a_run_are_read_from_every_seed_key():
-    assert SEED_KEYS == ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed")
-    assert seeds_of(run("c", seed=2, selfplay=5)["config"]) == (2, 5, None, None, None)
+    assert SEED_KEYS == ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed", "iterate.seed")
+    assert seeds_of(run("c", seed=2, selfplay=5)["config"]) == (2, 5, None, None, None, None)
 
 
 def test_a_run_without_a_saved_recipe_is_a_group_of_its_own():

@@ -417,3 +417,52 @@ def test_the_bridge_is_a_switch_and_only_for_another_rl_mode(preset):
     assert "bridge" not in stages()  # the recipe's RL keeps the world-model prompt
     assert "bridge" not in stages("prompt.mode=base", "selfplay.bridge=false")
     assert "bridge" not in stages("prompt.mode=base", "selfplay.bootstrap_episodes=0")
+
+
+def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp_path, monkeypatch):
+    """``rl: iterate``: rounds from the SFT checkpoint, logged like PPO's steps; the start's and
+    the last round's evaluations are the pipeline's eval_sft and eval_final, played once."""
+    from scripted import ScriptedEngine
+    from spa.rl import expert_iteration
+
+    win, lose = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+                        ScriptedEngine(tokenizer, [[win, lose]]))
+    overrides = ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
+                 "iterate.rounds=2", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
+                 "sft.precision=fp32"]
+    recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", overrides, preset=str(preset))
+    folder = tmp_path / "iterate"
+    Run(recipe, folder, log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"]
+    rl = stages["rl"]["outputs"]
+    assert rl["start"] == stages["sft"]["outputs"]["model"]
+    assert rl["model"] == str(folder / "rl" / "round-2" / "sft" / "epoch-1")
+    for round_ in (1, 2):  # keep=best: the winning sample's first move begins the shortest path, Down does not
+        examples = [json.loads(line) for line in (folder / "rl" / f"round-{round_}" / "data.jsonl").open()]
+        assert [e["response"] for e in examples] == [win]
+    trajectories = "trajectories.jsonl"
+    assert ((folder / "rl" / "round-0" / "eval" / trajectories).read_text()
+            == (folder / "eval" / "sft-base" / trajectories).read_text())
+    final = json.loads(Path(stages["eval_final"]["outputs"]["base"]["metrics"]).read_text())
+    assert final == json.loads((folder / "rl" / "round-2" / "eval" / "metrics.json").read_text())
+    assert final["model"] == "rl/round-2" and "world_model" in stages["eval_final"]["outputs"]
+    records = logger_module.read_metrics(folder / "rl" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [(r["rollout/success"], r["iterate/kept"], r["iterate/turns"]) for r in records[1:]] == [(0.5, 1, 2)] * 2
+    assert all("eval/pass@1" in r and "eval/pass@1_lo" in r for r in records)
+    report = (folder / "report.md").read_text()
+    assert "RL by expert iteration: 2 rounds, the last one kept 1 of 2 turns" in report
+    assert "| round | Pass@1 [95% interval]" in report and (folder / "rl_rollouts.png").stat().st_size > 1000
+
+
+def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
+    with pytest.raises(ValueError, match="keep='all' is not allowed; valid: winners, best, best_prefix"):
+        load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["iterate.keep=all"])
+    with pytest.raises(ValueError, match="rl 'magic' is not known; valid: ppo, iterate"):
+        load_recipe(CONFIGS / "frozenlake-spa.yaml", ["rl=magic"])
+    with pytest.raises(ValueError, match="rl: iterate does not apply to method 'vagen'"):
+        load_recipe(CONFIGS / "frozenlake-vagen.yaml", ["rl=iterate"])
+    recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["seed=3"])
+    assert recipe.iterate.config(recipe.stage_seed(recipe.iterate)).seed == 3

@@ -20,9 +20,16 @@ Baselines with a world model of their own:
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE.
 
+The RL stage (``rl``): ``ppo`` (PPO or GRPO, the ``ppo`` section) or ``iterate``: expert
+iteration (:mod:`spa.rl.expert_iteration`), rounds in which the policy plays fresh
+training levels, the turns that pass the ``iterate.keep`` filter become SFT data and one
+SFT epoch gives the next round's policy, each round evaluated like the final model. On
+slippery 4x4 lakes it is the one RL stage measured to raise Pass@1 past random play, with
+``keep: best``, a solver's per-turn label (README, "Expert iteration").
+
 Seeds: the recipe's ``seed`` is the seed of every stage that does not set its own.
 ``selfplay.seed`` (self-play and format-bootstrap data), ``sft.seed`` (the bootstrap's and
-the world-model SFT's data order and split), ``ppo.seed`` and ``rwml.seed`` default to
+the world-model SFT's data order and split), ``ppo.seed``, ``rwml.seed`` and ``iterate.seed`` default to
 null, which means "the recipe's seed"; a number there wins (0 included). The evaluations
 (fixed levels) sample with the recipe's seed, so runs that differ only in a stage seed
 are evaluated alike. (Earlier versions silently overwrote every stage's seed with the
@@ -37,18 +44,20 @@ the start; SmolLM2-135M does not, and without the bootstrap plain RL gets no sig
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from spa import precision
 from spa.config import load, read_yaml
 from spa.models.loading import DEFAULT_MODEL
+from spa.rl.expert_iteration import IterateConfig
 from spa.rl.ppo import PPOConfig
 from spa.rl.rwml_train import RWMLConfig
 from spa.worldmodel.sft import SFTConfig
 
 METHODS = ("vanilla", "state_estimation", "spa", "rwml", "rwml+ppo", "vagen")
+RL_STAGES = ("ppo", "iterate")
 RL_MODE = {"vanilla": "base", "state_estimation": "state", "vagen": "world_model"}
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -118,6 +127,31 @@ class RWMLSection(RWMLConfig):
 
 
 @dataclass
+class IterateSection:
+    """Expert iteration as the RL stage (``rl: iterate``): :class:`spa.rl.expert_iteration.IterateConfig`."""
+
+    rounds: int = field(default=3, metadata={"help": "Rounds of play, filter and one SFT epoch."})
+    episodes: int = field(default=1600, metadata={"help": "Episodes played per round (a multiple of samples)."})
+    samples: int = field(default=4, metadata={"help": "Episodes per training level."})
+    keep: str = field(default="winners", metadata={
+        "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
+                "on a shortest solution: a solver's label) or best_prefix (those, answer cut to its leading best "
+                "actions)."})
+    lr: float = field(default=1e-4, metadata={"help": "Peak SFT learning rate of each round."})
+    max_new_tokens: int = field(default=64, metadata={"help": "New-token cap per turn while playing."})
+    seed: int | None = field(default=None, metadata={
+        "help": "Sampling seed of round 1 (round r uses seed + r - 1); null: the recipe's seed."})
+
+    def __post_init__(self) -> None:
+        self.config(seed=0)  # the same checks as spa iterate, at load time
+
+    def config(self, seed: int, precision_name: str = "auto") -> IterateConfig:
+        sft = replace(IterateConfig().sft, lr=self.lr, precision=precision_name)
+        return IterateConfig(rounds=self.rounds, episodes=self.episodes, samples=self.samples, keep=self.keep,
+                             max_new_tokens=self.max_new_tokens, seed=seed, sft=sft)
+
+
+@dataclass
 class EvalSection:
     num_envs: int = field(default=128, metadata={"help": "Evaluation seeds (paper: 128)."})
     samples: int = field(default=8, metadata={"help": "Samples per seed (paper: 8)."})
@@ -142,13 +176,17 @@ class Recipe:
     prompt: PromptSection = field(default_factory=PromptSection)
     selfplay: SelfPlaySection = field(default_factory=SelfPlaySection)
     sft: SFTSection = field(default_factory=SFTSection)
+    rl: str = field(default="ppo", metadata={
+        "help": f"The RL stage: {' or '.join(RL_STAGES)}: PPO or GRPO (the ppo section), or expert iteration "
+                "(the iterate section: rounds of play, keep the turns that pass a filter, one SFT epoch)."})
     ppo: PPOSection = field(default_factory=PPOSection)
+    iterate: IterateSection = field(default_factory=IterateSection)
     rwml: RWMLSection = field(default_factory=RWMLSection)
     vagen: VagenSection = field(default_factory=VagenSection)
     eval: EvalSection = field(default_factory=EvalSection)
     seed: int = field(default=0, metadata={
-        "help": "Seed of every stage whose own seed (selfplay.seed, sft.seed, ppo.seed, rwml.seed) is null, "
-                "and of every evaluation."})
+        "help": "Seed of every stage whose own seed (selfplay.seed, sft.seed, ppo.seed, rwml.seed, "
+                "iterate.seed) is null, and of every evaluation."})
     precision: str = field(default="auto", metadata={
         "help": precision.FIELD_HELP + " Every stage uses it, except one whose own precision (sft.precision, "
                                        "ppo.precision, rwml.precision) is set to other than auto."})
@@ -160,6 +198,11 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not known; valid: {', '.join(METHODS)}")
+        if self.rl not in RL_STAGES:
+            raise ValueError(f"rl {self.rl!r} is not known; valid: {', '.join(RL_STAGES)}")
+        if self.rl == "iterate" and self.method in ("vagen", "rwml"):
+            raise ValueError(f"rl: iterate does not apply to method {self.method!r} (vagen's rewards are PPO's; "
+                             "rwml has no RL stage); use rl: ppo")
         self.precision = precision.check(self.precision)
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
@@ -168,7 +211,7 @@ class Recipe:
         """A stage's own precision where it sets one, else the recipe's."""
         return self.precision if stage.precision == "auto" else stage.precision
 
-    def stage_seed(self, stage: SelfPlaySection | SFTSection | PPOSection | RWMLSection) -> int:
+    def stage_seed(self, stage: SelfPlaySection | SFTSection | PPOSection | RWMLSection | IterateSection) -> int:
         """A stage's own seed where it sets one, else the recipe's."""
         return self.seed if stage.seed is None else stage.seed
 

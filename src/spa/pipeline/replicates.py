@@ -27,7 +27,7 @@ from spa.eval.paired import read_levels  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
-SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed")
+SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed", "iterate.seed")
 #: The evaluated models of a comparison: column label and the stages that evaluate it.
 MODELS = (("base", ("eval_base",)), ("before RL", ("eval_sft", "eval_rwml")), ("final", ("eval_final",)))
 

@@ -41,8 +41,10 @@ def load_run(folder: str | Path) -> dict:
         for mode, entry in stages.get(stage, {}).get("outputs", {}).items():
             evals[(stage, mode)] = json.loads(Path(entry["metrics"]).read_text())
     config = (folder / "config.yaml").read_text() if (folder / "config.yaml").exists() else ""
+    # Expert iteration (rl: iterate) logs one line per round, in the names of PPO's log.
+    unit = "round" if "rounds" in stages.get("rl", {}).get("outputs", {}) else "RL step"
     return {"dir": folder, "name": folder.name, "stages": stages, "evals": evals, "config": config,
-            "rl": read_metrics(folder / "rl" / "metrics.jsonl")}
+            "rl": read_metrics(folder / "rl" / "metrics.jsonl"), "rl_unit": unit}
 
 
 _pct = pct_with_interval  # a rate in percent, "-" when missing
@@ -92,7 +94,8 @@ def eval_curve_table(run: dict) -> str:
     evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if not evals:
         return ""
-    rows = ["| RL step | Pass@1 [95% interval] | Pass@8 | best first action |", "|---:|---:|---:|---:|"]
+    rows = [f"| {run.get('rl_unit', 'RL step')} | Pass@1 [95% interval] | Pass@8 | best first action |",
+            "|---:|---:|---:|---:|"]
     rows += [f"| {r['step']} | {_curve_cell(r, 'pass@1')} | {_curve_cell(r, 'pass@8')} | "
              f"{_pct(r.get('eval/best_first'))} |" for r in evals]
     return "\n".join(rows)
@@ -115,14 +118,16 @@ def _save(fig, ax, title: str, path: Path, xlabel: str | None = "RL step", unit_
 def plot_rl(run: dict, out: Path) -> list[Path]:
     """Training curves: rollout reward/success and the periodic evaluation's Pass@k, Pass@1
     with its 95% interval as a band where the log has it."""
-    records = [r for r in run["rl"] if "rollout/reward_mean" in r]
+    records = [r for r in run["rl"] if "rollout/success" in r]
     if not records:
         return []
+    unit = run.get("rl_unit", "RL step")
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = [r["step"] for r in records]
-    ax.plot(steps, [r["rollout/reward_mean"] for r in records], label="reward")
-    ax.plot(steps, [r["rollout/success"] for r in records], label="success")
-    paths = [_save(fig, ax, f"{run['name']}: training rollouts", out / "rl_rollouts.png")]
+    for key, label in (("rollout/reward_mean", "reward"), ("rollout/success", "success")):
+        if key in records[0]:  # expert iteration logs no reward
+            ax.plot([r["step"] for r in records], [r.get(key) for r in records], marker="o" if
+                    unit == "round" else None, label=label)
+    paths = [_save(fig, ax, f"{run['name']}: training rollouts", out / "rl_rollouts.png", xlabel=unit)]
     evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -134,7 +139,8 @@ def plot_rl(run: dict, out: Path) -> list[Path]:
                 ax.fill_between([r["step"] for r in band], [r[f"{key}_lo"] for r in band],
                                 [r[f"{key}_hi"] for r in band], color=line.get_color(), alpha=0.2,
                                 label="pass@1 95% interval")
-        paths.append(_save(fig, ax, f"{run['name']}: evaluation Pass@k", out / "rl_eval.png", unit_range=True))
+        paths.append(_save(fig, ax, f"{run['name']}: evaluation Pass@k", out / "rl_eval.png", xlabel=unit,
+                           unit_range=True))
     return paths
 
 
@@ -183,13 +189,18 @@ def write_report(folder: str | Path) -> Path:
         for e in stages["sft"]["outputs"]["history"]:
             lines.append(f"- SFT epoch {e['epoch']}: train loss {e['train_loss']:.3f}, val loss {e['val_loss']:.3f}, "
                          f"held-out next-state exact {_pct(e['val_prediction_exact'])}%")
-    if run["rl"]:
+    if run["rl"] and run["rl_unit"] == "round":
+        last = run["rl"][-1]
+        lines.append(f"- RL by expert iteration: {last['step']} rounds, the last one kept {last.get('iterate/kept')} "
+                     f"of {last.get('iterate/turns')} turns, play success {_pct(last.get('rollout/success'))}%")
+    elif run["rl"]:
         last = run["rl"][-1]
         lines.append(f"- RL: {last['step']} steps, last rollout reward {last.get('rollout/reward_mean', 0):+.3f}, "
                      f"success {_pct(last.get('rollout/success'))}%")
     curve = eval_curve_table(run)
     if curve:
-        lines += ["", "## Evaluation during RL", "", curve, "",
+        lines += ["", "## Evaluation during RL" + (" (round 0: the start)" if run["rl_unit"] == "round" else ""),
+                  "", curve, "",
                   "Pass@k in %, with the 95% interval over the evaluation levels (normal approximation) in "
                   "brackets where logged."]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
@@ -241,7 +252,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     axes[0].set_title("rollout reward")
     axes[1].set_title("evaluation Pass@1")
     for ax in axes:
-        ax.set_xlabel("RL step")
+        ax.set_xlabel("RL step (round for rl: iterate)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=110)

@@ -12,7 +12,8 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
     eval_sft    the SFT checkpoint, after the bridge when there is one (spa)
     rwml        RWML: GRPO of the policy as a world model (rwml, rwml+ppo)
     eval_rwml   the RWML checkpoint as an agent (rwml+ppo)
-    rl          PPO / GRPO from the SFT or RWML checkpoint, else the bootstrap one, else the base model
+    rl          PPO / GRPO from the SFT or RWML checkpoint, else the bootstrap one, else the base model;
+                with ``rl: iterate``, expert iteration from there, every round evaluated like eval_final
     eval_final  the last model: the RL policy (the RWML one for rwml)
     report      report.md and plots
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,11 +45,13 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
+from spa.eval.metrics import pct_with_interval
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
+from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
@@ -190,17 +194,27 @@ class Run:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
         return str(last_checkpoint(out))
 
-    def _evaluate(self, model: str, name: str) -> dict:
+    def _eval_config(self, mode: str) -> EvalConfig:
         r = self.recipe
-        lm, tokenizer = load_model(model, dtype=self.compute().dtype)
+        return EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(mode), r.eval.num_envs, r.eval.samples,
+                          r.eval.temperature, max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
+
+    def _evaluate(self, model: str, name: str) -> dict:
+        """Evaluate ``model`` in the RL mode (and world_model mode when asked) into
+        ``eval/NAME-MODE``; a mode whose ``metrics.json`` is there already (an interrupted
+        stage, or one copied in from the RL stage) is read, not played again."""
+        r = self.recipe
+        lm = tokenizer = None
         results = {}
         modes = [r.rl_mode] + (["world_model"] if r.eval.world_model and r.rl_mode != "world_model" else [])
         for mode in modes:
-            config = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(mode), r.eval.num_envs,
-                                r.eval.samples, r.eval.temperature, max_new_tokens=r.eval.max_new_tokens,
-                                seed=r.seed)
             out = self.dir / "eval" / f"{name}-{mode}"
-            metrics = evaluate(lm, tokenizer, config, out, model_name=model)
+            if (out / "metrics.json").is_file():
+                metrics = json.loads((out / "metrics.json").read_text())
+            else:
+                if lm is None:
+                    lm, tokenizer = load_model(model, dtype=self.compute().dtype)
+                metrics = evaluate(lm, tokenizer, self._eval_config(mode), out, model_name=model)
             results[mode] = {"metrics": str(out / "metrics.json"), "success": metrics["success_rate"],
                              **metrics["pass_at_k"], "seconds": metrics["wall_seconds"]}
         return results
@@ -258,6 +272,8 @@ class Run:
         return self._evaluate(self.output("rwml"), "rwml")
 
     def _rl(self) -> dict:
+        if self.recipe.rl == "iterate":
+            return self._iterate()
         r = self.recipe
         out = self.dir / "rl"
         checkpoint = resume_point(out)
@@ -287,7 +303,55 @@ class Run:
         return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl"),
                 "start": self.start_model()}
 
+    def _iterate(self) -> dict:
+        from spa.rl import expert_iteration
+
+        r, out = self.recipe, self.dir / "rl"
+        config = r.iterate.config(r.stage_seed(r.iterate), r.stage_precision(r.sft))
+        rollout = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
+        eval_config = self._eval_config(r.rl_mode)
+        start = out / "round-0" / "eval"
+        before = self.dir / "eval" / f"sft-{r.rl_mode}"
+        if "eval_sft" in self.stages and not (start / "metrics.json").is_file():
+            shutil.copytree(before, start, dirs_exist_ok=True)  # the same model on the same levels: evaluated
+
+        def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
+            return evaluate(lm, tokenizer, eval_config, folder, model_name=f"rl/{folder.parent.name}",
+                            progress=False, dtype=self.compute().decode_dtype)
+
+        logger = MetricsLogger(out, resume_step=-1, tensorboard=False)  # a resumed run reports every round again
+        rounds = expert_iteration.run(self.start_model(), lambda name: load_model(name, dtype="fp32"), config,
+                                      rollout, out, evaluate=evaluate_fn,
+                                      on_round=lambda record: self._log_round(logger, record))
+        logger.close()
+        return {"model": rounds[-1]["model"], "metrics": str(out / "metrics.jsonl"), "start": self.start_model(),
+                "rounds": str(out / "rounds.json"), "final_eval": str(out / f"round-{config.rounds}" / "eval")}
+
+    def _log_round(self, logger: MetricsLogger, record: dict) -> None:
+        """A round of expert iteration as a line of ``rl/metrics.jsonl`` (the round is the step),
+        in the names of PPO's log, so that the report tables and plots it alike."""
+        metrics = {}
+        if "kept" in record:
+            metrics.update({"rollout/success": record["play_success"], "iterate/kept": record["kept"],
+                            "iterate/turns": record["turns"]})
+        for name, value in record.get("eval", {}).items():
+            metrics[f"eval/{name}"] = value
+            if name in record.get("eval_ci95", {}):
+                metrics[f"eval/{name}_lo"], metrics[f"eval/{name}_hi"] = record["eval_ci95"][name]
+        logger.log(record["round"], metrics)
+        line = f"stage rl: round {record['round']}"
+        if "kept" in record:
+            line += f": kept {record['kept']} of {record['turns']} turns, play success " \
+                    f"{100 * record['play_success']:.1f}%"
+        if "eval" in record:
+            line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
+        self.log(line)
+
     def _eval_final(self) -> dict:
+        if self.recipe.rl == "iterate" and "rl" in self.stage_list():
+            # The last round was evaluated on these levels with these settings already.
+            done = Path(self.output("rl", "final_eval"))
+            shutil.copytree(done, self.dir / "eval" / f"final-{self.recipe.rl_mode}", dirs_exist_ok=True)
         return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
 
     def _report(self) -> dict:
