@@ -1,5 +1,6 @@
 import re
 
+import numpy as np
 import pytest
 
 from scripted import ScriptedEngine, wm
@@ -188,3 +189,40 @@ def test_keep_values():
     with pytest.raises(ValueError, match="keep='best_prefix' needs mode='base' or 'state'"):
         SelfPlayConfig(keep="best_prefix")
     assert SelfPlayConfig(mode="state", keep="winners").keep == "winners"
+
+
+def test_keep_best_drops_a_turn_from_a_state_without_a_solution(tiny, monkeypatch):
+    """A Sokoban box pushed into a corner leaves no solution: best_actions() is None, so
+    best_first is None. With a solver that means no move is best, and the turn is dropped;
+    only an environment without a solver is an error."""
+    from dataclasses import replace
+
+    from spa.worldmodel import selfplay
+
+    _, tokenizer = tiny
+    config = SelfPlayConfig(env="frozenlake", env_config={"desc": "SFG/FHF/FFF", "is_slippery": False},
+                            episodes=2, samples=2, max_turns=1, max_actions_per_turn=2, mode="base", keep="best")
+    played = collect(ScriptedEngine(tokenizer, [[plain("Right"), plain("Right")]]), tokenizer, config)
+    played[1].turns[0] = replace(played[1].turns[0], best_first=None, best_run=None)  # as from a dead end
+    examples, stats = build_examples(played, config)
+    assert [e["sample"] for e in examples] == [0] and stats["dropped_by_filter"] == 1
+    monkeypatch.setattr(selfplay, "has_solver", lambda name: False)
+    with pytest.raises(ValueError, match="keep='best' needs a solver, and frozenlake has none"):
+        build_examples(played, config)
+
+
+def test_a_dead_end_sokoban_state_has_no_best_action():
+    from spa.envs import has_solver, make
+
+    assert has_solver("sokoban") and has_solver("frozenlake")
+    for seed in range(50):  # random moves until a box is stuck (the level then has no solution)
+        env = make("sokoban", dim=6, num_boxes=1)
+        env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        for _ in range(60):
+            if env.best_actions() is None and not env.is_success():
+                return
+            _, _, terminated, truncated, _ = env.step(env.random_action(rng))
+            if terminated or truncated:
+                break
+    pytest.fail("no dead end reached in 50 random Sokoban episodes")

@@ -188,6 +188,11 @@ def register(cls: type[TextEnv]) -> type[TextEnv]:
     return cls
 
 
+def has_solver(name: str) -> bool:
+    """Whether environment ``name`` implements :meth:`TextEnv.best_actions`."""
+    return env_class(name).best_actions is not TextEnv.best_actions
+
+
 def env_names() -> list[str]:
     """Names accepted by ``make``, sorted."""
     return sorted(_REGISTRY)

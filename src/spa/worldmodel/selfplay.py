@@ -44,7 +44,7 @@ from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
-from spa.envs import env_class, make
+from spa.envs import env_class, has_solver, make
 from spa.eval.metrics import grid_cells
 
 STATES = ("ground_truth", "self_belief")
@@ -210,9 +210,11 @@ def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
     if keep == "winners":
         return trajectory.success
     if keep in ("best", "best_prefix"):
-        if turn.best_first is None:
+        if turn.best_first is None and not has_solver(trajectory.env):
             raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
-        return turn.best_first
+        # None with a solver: no solution from this state (a Sokoban box pushed into a
+        # corner) or none within the search budget, so no move is best and the turn goes.
+        return bool(turn.best_first)
     return True
 
 
