@@ -451,7 +451,7 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     records = logger_module.read_metrics(folder / "rl" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [(r["rollout/success"], r["iterate/kept"], r["iterate/turns"]) for r in records[1:]] == [(0.5, 1, 2)] * 2
-    assert all("eval/pass@1" in r and "eval/pass@1_lo" in r for r in records)
+    assert all("eval/pass@1" in r and "eval/pass@1_lo" in r and "eval/best_first" in r for r in records)
     report = (folder / "report.md").read_text()
     assert "RL by expert iteration: 2 rounds, the last one kept 1 of 2 turns" in report
     assert "| round | Pass@1 [95% interval]" in report and (folder / "rl_rollouts.png").stat().st_size > 1000

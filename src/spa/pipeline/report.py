@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
@@ -105,6 +106,8 @@ def _save(fig, ax, title: str, path: Path, xlabel: str | None = "RL step", unit_
     """Label, lay out, write and close one figure."""
     if xlabel:
         ax.set_xlabel(xlabel)
+    if xlabel == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if unit_range:
         ax.set_ylim(0, 1)
     ax.set_title(title)

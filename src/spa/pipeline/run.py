@@ -334,6 +334,8 @@ class Run:
         if "kept" in record:
             metrics.update({"rollout/success": record["play_success"], "iterate/kept": record["kept"],
                             "iterate/turns": record["turns"]})
+        if record.get("eval_best_first") is not None:
+            metrics["eval/best_first"] = record["eval_best_first"]
         for name, value in record.get("eval", {}).items():
             metrics[f"eval/{name}"] = value
             if name in record.get("eval_ci95", {}):

@@ -175,7 +175,8 @@ def _evaluation(model: str, load: Loader, evaluate: Callable, folder: Path, befo
         evaluate(lm, tokenizer, folder)
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     record = {"eval_episodes": metrics["episodes"], "eval_seconds": metrics["wall_seconds"],
-              "eval": metrics["pass_at_k"], "eval_ci95": metrics.get("pass_at_k_ci95", {})}
+              "eval": metrics["pass_at_k"], "eval_ci95": metrics.get("pass_at_k_ci95", {}),
+              "eval_best_first": metrics.get("best_first_rate")}
     if before is not None:
         gain = compare_evaluations(before / TRAJECTORIES, folder / TRAJECTORIES)["pass@1"]
         record["gain_pass@1"] = {key: gain[key] for key in ("difference", "difference_ci95", "improved", "worsened")}
