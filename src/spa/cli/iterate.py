@@ -41,9 +41,7 @@ def iterate(
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
     from spa.eval.evaluate import EvalConfig, evaluate
-    from spa.eval.metrics import pct_with_interval
-    from spa.eval.paired import signed_pct_with_interval
-    from spa.rl.expert_iteration import IterateConfig, run
+    from spa.rl.expert_iteration import IterateConfig, describe_round, run
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
@@ -60,20 +58,7 @@ def iterate(
                         dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device).decode_dtype)
 
     def report(record: dict) -> None:
-        line = f"round {record['round']}"
-        if "kept" in record:
-            line += f": kept {record['kept']} of {record['turns']} turns (play success " \
-                    f"{100 * record['play_success']:.1f}%"
-            if record.get("best_first_kept") is not None and record.get("best_first_dropped") is not None:
-                line += f"; best first move in {100 * record['best_first_kept']:.0f}% of the kept turns, " \
-                        f"{100 * record['best_first_dropped']:.0f}% of the others"
-            line += ")"
-        if "eval" in record:
-            line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
-        if "gain_pass@1" in record:
-            gain = record["gain_pass@1"]
-            line += f", paired gain {signed_pct_with_interval(gain['difference'], gain['difference_ci95'])}"
-        console.print(line)
+        console.print(describe_round(record))
 
     try:
         run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_envs else None, on_round=report)

@@ -130,15 +130,18 @@ class RWMLSection(RWMLConfig):
 class IterateSection:
     """Expert iteration as the RL stage (``rl: iterate``): :class:`spa.rl.expert_iteration.IterateConfig`."""
 
-    rounds: int = field(default=3, metadata={"help": "Rounds of play, filter and one SFT epoch."})
-    episodes: int = field(default=1600, metadata={"help": "Episodes played per round (a multiple of samples)."})
-    samples: int = field(default=4, metadata={"help": "Episodes per training level."})
-    keep: str = field(default="winners", metadata={
+    rounds: int = field(default=IterateConfig.rounds, metadata={
+        "help": "Rounds of play, filter and one SFT epoch."})
+    episodes: int = field(default=IterateConfig.episodes, metadata={
+        "help": "Episodes played per round (a multiple of samples)."})
+    samples: int = field(default=IterateConfig.samples, metadata={"help": "Episodes per training level."})
+    keep: str = field(default=IterateConfig.keep, metadata={
         "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
                 "on a shortest solution: a solver's label) or best_prefix (those, answer cut to its leading best "
                 "actions)."})
-    lr: float = field(default=1e-4, metadata={"help": "Peak SFT learning rate of each round."})
-    max_new_tokens: int = field(default=64, metadata={"help": "New-token cap per turn while playing."})
+    lr: float = field(default=SFTConfig.lr, metadata={"help": "Peak SFT learning rate of each round."})
+    max_new_tokens: int = field(default=IterateConfig.max_new_tokens, metadata={
+        "help": "New-token cap per turn while playing."})
     seed: int | None = field(default=None, metadata={
         "help": "Sampling seed of round 1 (round r uses seed + r - 1); null: the recipe's seed."})
 

@@ -95,7 +95,7 @@ def eval_curve_table(run: dict) -> str:
     evals = [r for r in run["rl"] if "eval/pass@1" in r]
     if not evals:
         return ""
-    rows = [f"| {run.get('rl_unit', 'RL step')} | Pass@1 [95% interval] | Pass@8 | best first action |",
+    rows = [f"| {run['rl_unit']} | Pass@1 [95% interval] | Pass@8 | best first action |",
             "|---:|---:|---:|---:|"]
     rows += [f"| {r['step']} | {_curve_cell(r, 'pass@1')} | {_curve_cell(r, 'pass@8')} | "
              f"{_pct(r.get('eval/best_first'))} |" for r in evals]
@@ -124,7 +124,7 @@ def plot_rl(run: dict, out: Path) -> list[Path]:
     records = [r for r in run["rl"] if "rollout/success" in r]
     if not records:
         return []
-    unit = run.get("rl_unit", "RL step")
+    unit = run["rl_unit"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key, label in (("rollout/reward_mean", "reward"), ("rollout/success", "success")):
         if key in records[0]:  # expert iteration logs no reward

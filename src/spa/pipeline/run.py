@@ -45,12 +45,12 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.config import read_yaml, save, to_dict
 from spa.eval.evaluate import EvalConfig, evaluate
-from spa.eval.metrics import pct_with_interval
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
+from spa.rl import expert_iteration
 from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
@@ -304,8 +304,6 @@ class Run:
                 "start": self.start_model()}
 
     def _iterate(self) -> dict:
-        from spa.rl import expert_iteration
-
         r, out = self.recipe, self.dir / "rl"
         config = r.iterate.config(r.stage_seed(r.iterate), r.stage_precision(r.sft))
         rollout = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
@@ -341,16 +339,10 @@ class Run:
             if name in record.get("eval_ci95", {}):
                 metrics[f"eval/{name}_lo"], metrics[f"eval/{name}_hi"] = record["eval_ci95"][name]
         logger.log(record["round"], metrics)
-        line = f"stage rl: round {record['round']}"
-        if "kept" in record:
-            line += f": kept {record['kept']} of {record['turns']} turns, play success " \
-                    f"{100 * record['play_success']:.1f}%"
-        if "eval" in record:
-            line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
-        self.log(line)
+        self.log(f"stage rl: {expert_iteration.describe_round(record)}")
 
     def _eval_final(self) -> dict:
-        if self.recipe.rl == "iterate" and "rl" in self.stage_list():
+        if self.recipe.rl == "iterate":  # never with rwml, the one method without an rl stage
             # The last round was evaluated on these levels with these settings already.
             done = Path(self.output("rl", "final_eval"))
             shutil.copytree(done, self.dir / "eval" / f"final-{self.recipe.rl_mode}", dirs_exist_ok=True)

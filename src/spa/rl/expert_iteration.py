@@ -36,7 +36,8 @@ from typing import Any, Callable
 from spa import precision
 from spa.agent.rollout import RolloutConfig
 from spa.config import to_dict
-from spa.eval.paired import compare_evaluations
+from spa.eval.metrics import pct_with_interval
+from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
@@ -181,6 +182,23 @@ def _evaluation(model: str, load: Loader, evaluate: Callable, folder: Path, befo
         gain = compare_evaluations(before / TRAJECTORIES, folder / TRAJECTORIES)["pass@1"]
         record["gain_pass@1"] = {key: gain[key] for key in ("difference", "difference_ci95", "improved", "worsened")}
     return record
+
+
+def describe_round(record: dict) -> str:
+    """One line for a round's record: what it kept, and its evaluation with the paired gain."""
+    line = f"round {record['round']}"
+    if "kept" in record:
+        line += f": kept {record['kept']} of {record['turns']} turns (play success {100 * record['play_success']:.1f}%"
+        if record.get("best_first_kept") is not None and record.get("best_first_dropped") is not None:
+            line += f"; best first move in {100 * record['best_first_kept']:.0f}% of the kept turns, " \
+                    f"{100 * record['best_first_dropped']:.0f}% of the others"
+        line += ")"
+    if "eval" in record:
+        line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"
+    if "gain_pass@1" in record:
+        gain = record["gain_pass@1"]
+        line += f", paired gain {signed_pct_with_interval(gain['difference'], gain['difference_ci95'])}"
+    return line
 
 
 def _report(out: Path, records: list[dict], on_round: Callable[[dict], None] | None) -> None:
