@@ -1,0 +1,114 @@
+"""How much the task's reward alone can tell good moves from bad: filters scored by a solver.
+
+README, "Expert iteration on the task's reward". Expert iteration keeps some turns of the
+policy's own play and fine-tunes on them. With the solver's per-turn label (``--keep best``)
+every kept turn begins a shortest solution and the curve rises; with the episode's
+outcome (``--keep winners``) it stayed flat. This script asks whether any filter built
+from the reward alone (outcome, steps to the goal under a discount, comparison with the
+other samples of the same level) would select moves nearly as well, by scoring each
+filter with the solver's label (``Turn.best_first``) on saved trajectories, such as an
+evaluation's ``trajectories.jsonl``. No model is run.
+
+    python experiments/reward_filters.py runs/eval/trajectories.jsonl [--group 4]
+
+``--group`` splits each level's samples into groups of that size, as ``spa iterate
+--samples`` plays them (the group filters compare only within a group).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import typer
+
+Episode = dict  # one trajectories.jsonl record
+#: A filter gives each well-formed turn of a group's episodes a weight (0: dropped).
+Filter = Callable[[list[Episode]], list[tuple[dict, float]]]
+
+
+def steps(episode: Episode) -> int:
+    return sum(len(turn["actions_valid"]) for turn in episode["turns"])
+
+
+def turns(episode: Episode) -> list[dict]:
+    return [turn for turn in episode["turns"] if turn["format_ok"]]
+
+
+def discounted(episode: Episode, gamma: float) -> float:
+    """The episode's return with the reward of 1 discounted by the steps taken to reach it."""
+    return gamma ** (steps(episode) - 1) if episode["success"] else 0.0
+
+
+def outcome(weight: Callable[[Episode], float]) -> Filter:
+    """Every turn of an episode gets the episode's weight."""
+    return lambda group: [(turn, weight(episode)) for episode in group for turn in turns(episode)]
+
+
+def to_go(gamma: float) -> Filter:
+    """A winner's turn weighted by the discount over the steps from the turn to the goal."""
+    def weigh(group: list[Episode]) -> list[tuple[dict, float]]:
+        rows = []
+        for episode in (e for e in group if e["success"]):
+            left = steps(episode)
+            for turn in episode["turns"]:
+                if turn["format_ok"]:
+                    rows.append((turn, gamma ** (left - 1)))
+                left -= len(turn["actions_valid"])
+        return rows
+    return weigh
+
+
+def above_group(gamma: float) -> Filter:
+    """The episodes whose discounted return beats their group's mean (GRPO's positive advantages)."""
+    def weigh(group: list[Episode]) -> list[tuple[dict, float]]:
+        returns = [discounted(e, gamma) for e in group]
+        mean = sum(returns) / len(returns)
+        return [(turn, 1.0) for e, r in zip(group, returns) if r > mean for turn in turns(e)]
+    return weigh
+
+
+def fastest(group: list[Episode]) -> list[tuple[dict, float]]:
+    """The winner or winners of the group that took the fewest steps."""
+    won = [steps(e) for e in group if e["success"]]
+    return [(turn, 1.0) for e in group if e["success"] and steps(e) == min(won) for turn in turns(e)]
+
+
+FILTERS: dict[str, Filter] = {
+    "all turns": outcome(lambda e: 1.0),
+    "winners (spa iterate --keep winners)": outcome(lambda e: float(e["success"])),
+    "losers": outcome(lambda e: float(not e["success"])),
+    **{f"winners weighted by {g}^steps": outcome(lambda e, g=g: discounted(e, g)) for g in (0.9, 0.7)},
+    **{f"winners weighted by {g}^steps-to-goal": to_go(g) for g in (0.9, 0.7)},
+    **{f"return above the group's mean, gamma {g}": above_group(g) for g in (0.9, 0.7)},
+    "fastest winners of each group": fastest,
+}
+
+
+def groups_of(episodes: list[Episode], size: int) -> list[list[Episode]]:
+    by_level: dict[int, list[Episode]] = defaultdict(list)
+    for episode in episodes:
+        by_level[episode["seed"]].append(episode)
+    out = []
+    for level in by_level.values():
+        level.sort(key=lambda e: e["sample"])
+        out += [level[i:i + size] for i in range(0, len(level), size)]
+    return out
+
+
+def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples per group.")) -> None:
+    episodes = [json.loads(line) for line in trajectories.read_text(encoding="utf-8").splitlines() if line]
+    grouped = groups_of(episodes, group)
+    print(f"{len(episodes)} episodes, success {100 * sum(e['success'] for e in episodes) / len(episodes):.1f}%")
+    print(f"| filter | turns kept | total weight | best first move (weighted) |\n|---|---|---|---|")
+    for name, weigh in FILTERS.items():
+        rows = [row for g in grouped for row in weigh(g) if row[1] > 0]
+        total = sum(w for _, w in rows)
+        best = sum(w for turn, w in rows if turn["best_first"]) / total if total else float("nan")
+        print(f"| {name} | {len(rows)} | {total:.0f} | {100 * best:.1f}% |")
+
+
+if __name__ == "__main__":
+    typer.run(main)

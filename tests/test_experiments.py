@@ -1,0 +1,60 @@
+"""The reward-only filters of experiments/reward_filters.py on hand-built episodes."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent.parent / "experiments" / "reward_filters.py"
+
+
+@pytest.fixture(scope="module")
+def filters():
+    spec = importlib.util.spec_from_file_location("reward_filters", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def episode(seed: int, sample: int, success: bool, turns: list[tuple[int, bool]]) -> dict:
+    """``turns``: (actions played, first action best) per well-formed turn."""
+    return {"seed": seed, "sample": sample, "success": success,
+            "turns": [{"format_ok": True, "actions_valid": [True] * n, "best_first": best} for n, best in turns]}
+
+
+def test_discount_counts_every_step_to_the_goal(filters):
+    won = episode(0, 0, True, [(2, True), (1, False)])
+    assert filters.discounted(won, 0.5) == pytest.approx(0.25)  # reward on the third step
+    assert filters.discounted(episode(0, 1, False, [(3, True)]), 0.5) == 0.0
+    weights = [w for _, w in filters.to_go(0.5)([won])]
+    assert weights == pytest.approx([0.25, 1.0])  # the last turn reached the goal
+
+
+def test_group_filters_compare_within_a_group(filters):
+    slow = episode(0, 0, True, [(3, False), (3, True)])
+    quick = episode(0, 1, True, [(2, True)])
+    lost = episode(0, 2, False, [(3, False)])
+    assert [t["best_first"] for t, _ in filters.fastest([slow, quick, lost])] == [True]
+    # returns 0.9^5 = 0.59, 0.9, 0: mean 0.50, so both winners are above it
+    assert len(filters.above_group(0.9)([slow, quick, lost])) == 3
+    # at 0.5 the slow win is worth 0.03, below the mean of 0.18
+    assert len(filters.above_group(0.5)([slow, quick, lost])) == 1
+
+
+def test_groups_split_each_level_in_sample_order(filters):
+    episodes = [episode(seed, sample, False, []) for seed in (7, 3) for sample in (3, 1, 0, 2)]
+    groups = filters.groups_of(episodes, 2)
+    assert [[(e["seed"], e["sample"]) for e in g] for g in groups] == [
+        [(7, 0), (7, 1)], [(7, 2), (7, 3)], [(3, 0), (3, 1)], [(3, 2), (3, 3)]]
+
+
+def test_main_scores_each_filter_by_the_solver_label(filters, tmp_path, capsys):
+    path = tmp_path / "trajectories.jsonl"
+    episodes = [episode(0, 0, True, [(1, True)]), episode(0, 1, False, [(1, False), (1, False)])]
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    filters.main(path, group=2)
+    out = capsys.readouterr().out
+    assert "| all turns | 3 | 3 | 33.3% |" in out
+    assert "| winners (spa iterate --keep winners) | 1 | 1 | 100.0% |" in out
+    assert "| losers | 2 | 2 | 0.0% |" in out
