@@ -9,6 +9,12 @@ other samples of the same level) would select moves nearly as well, by scoring e
 filter with the solver's label (``Turn.best_first``) on saved trajectories, such as an
 evaluation's ``trajectories.jsonl``. No model is run.
 
+On FrozenLake a second score separates state selection from action selection: the share
+of the four moves that begin a shortest solution in each kept turn's state, i.e. the
+best-first rate a uniformly random move would have on the same states. A filter whose
+kept turns beat it only by choosing easy states (near the goal, several best moves) has
+little to teach about which move to make.
+
     python experiments/reward_filters.py runs/eval/trajectories.jsonl [--group 4]
 
 ``--group`` splits each level's samples into groups of that size, as ``spa iterate
@@ -23,6 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 import typer
+
+from spa.envs.frozen_lake import ACTIONS, FrozenLakeEnv
 
 Episode = dict  # one trajectories.jsonl record
 #: A filter gives each well-formed turn of a group's episodes a weight (0: dropped).
@@ -87,6 +95,15 @@ FILTERS: dict[str, Filter] = {
 }
 
 
+def chance_of_best(turn: dict) -> float:
+    """Share of the moves that begin a shortest solution in a FrozenLake turn's state
+    (read from its grid: ``P`` player, ``_`` ice, ``O`` hole, ``G`` goal)."""
+    rows = turn["grid_before"].translate(str.maketrans({"P": "S", "_": "F", "O": "H"})).split("\n")
+    env = FrozenLakeEnv.from_desc(rows)
+    env.reset(seed=0)
+    return len(env.best_actions() or ()) / len(ACTIONS)
+
+
 def groups_of(episodes: list[Episode], size: int) -> list[list[Episode]]:
     by_level: dict[int, list[Episode]] = defaultdict(list)
     for episode in episodes:
@@ -102,12 +119,16 @@ def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples p
     episodes = [json.loads(line) for line in trajectories.read_text(encoding="utf-8").splitlines() if line]
     grouped = groups_of(episodes, group)
     print(f"{len(episodes)} episodes, success {100 * sum(e['success'] for e in episodes) / len(episodes):.1f}%")
-    print(f"| filter | turns kept | total weight | best first move (weighted) |\n|---|---|---|---|")
+    lake = episodes[0]["env"] == "frozenlake"
+    print("| filter | turns kept | total weight | best first move (weighted) |"
+          + (" a random move's rate on the same states |" if lake else "") + "\n|---|---|---|---|" + "---|" * lake)
     for name, weigh in FILTERS.items():
         rows = [row for g in grouped for row in weigh(g) if row[1] > 0]
         total = sum(w for _, w in rows)
         best = sum(w for turn, w in rows if turn["best_first"]) / total if total else float("nan")
-        print(f"| {name} | {len(rows)} | {total:.0f} | {100 * best:.1f}% |")
+        chance = sum(w * chance_of_best(turn) for turn, w in rows) / total if lake and total else None
+        print(f"| {name} | {len(rows)} | {total:.0f} | {100 * best:.1f}% |"
+              + (f" {100 * chance:.1f}% |" if chance is not None else ""))
 
 
 if __name__ == "__main__":

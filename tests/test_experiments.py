@@ -19,7 +19,7 @@ def filters():
 
 def episode(seed: int, sample: int, success: bool, turns: list[tuple[int, bool]]) -> dict:
     """``turns``: (actions played, first action best) per well-formed turn."""
-    return {"seed": seed, "sample": sample, "success": success,
+    return {"env": "sokoban", "seed": seed, "sample": sample, "success": success,
             "turns": [{"format_ok": True, "actions_valid": [True] * n, "best_first": best} for n, best in turns]}
 
 
@@ -58,3 +58,20 @@ def test_main_scores_each_filter_by_the_solver_label(filters, tmp_path, capsys):
     assert "| all turns | 3 | 3 | 33.3% |" in out
     assert "| winners (spa iterate --keep winners) | 1 | 1 | 100.0% |" in out
     assert "| losers | 2 | 2 | 0.0% |" in out
+
+
+def test_chance_of_best_reads_the_lake_from_the_grid(filters):
+    # Player top-left, goal two to the right, a hole below the middle: only Right is best.
+    assert filters.chance_of_best({"grid_before": "P_G\n_O_\n___"}) == 0.25
+    # Goal diagonal, nothing in the way: Right and Down both shorten the path.
+    assert filters.chance_of_best({"grid_before": "P__\n___\n__G"}) == 0.5
+
+
+def test_main_adds_the_chance_column_on_the_lake(filters, tmp_path, capsys):
+    won = episode(0, 0, True, [(1, True)])
+    won["env"] = "frozenlake"
+    won["turns"][0]["grid_before"] = "P_G\n_O_\n___"
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(json.dumps(won) + "\n")
+    filters.main(path, group=1)
+    assert "| winners (spa iterate --keep winners) | 1 | 1 | 100.0% | 25.0% |" in capsys.readouterr().out
