@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -98,8 +99,12 @@ FILTERS: dict[str, Filter] = {
 def chance_of_best(turn: dict) -> float:
     """Share of the moves that begin a shortest solution in a FrozenLake turn's state
     (read from its grid: ``P`` player, ``_`` ice, ``O`` hole, ``G`` goal)."""
-    rows = turn["grid_before"].translate(str.maketrans({"P": "S", "_": "F", "O": "H"})).split("\n")
-    env = FrozenLakeEnv.from_desc(rows)
+    return _chance_on_grid(turn["grid_before"])
+
+
+@lru_cache(maxsize=None)  # every filter scores the same turns again
+def _chance_on_grid(grid: str) -> float:
+    env = FrozenLakeEnv.from_desc(grid.translate(str.maketrans({"P": "S", "_": "F", "O": "H"})).split("\n"))
     env.reset(seed=0)
     return len(env.best_actions() or ()) / len(ACTIONS)
 
