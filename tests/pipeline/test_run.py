@@ -348,7 +348,7 @@ def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):
     folder = tmp_path / "vagen"
     Run(load_recipe(CONFIGS / "sokoban-vagen.yaml", preset=str(preset)), folder, log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["bootstrap", "eval_base", "rl", "eval_final", "report"]
+    assert list(stages) == ["bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"]
     assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
     records = [json.loads(line) for line in (folder / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert all("rollout/shaping_reward" in r for r in records if r["step"] > 0)
@@ -386,8 +386,11 @@ def test_plain_rl_starts_from_a_bootstrap_in_its_own_prompt_mode(preset, tmp_pat
     Run(load_recipe(CONFIGS / "frozenlake-vanilla.yaml", preset=str(preset)), folder, log=lambda _: None).run(
         until="rl")
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["bootstrap", "eval_base", "rl"]
+    assert list(stages) == ["bootstrap", "eval_base", "eval_bootstrap", "rl"]
     assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
+    # The model RL starts from is evaluated, in the RL mode: the comparison's "before RL".
+    assert list(stages["eval_bootstrap"]["outputs"]) == ["base"]
+    assert (folder / "eval" / "bootstrap-base" / "metrics.json").is_file()
     examples = [json.loads(line) for line in (folder / "data" / "bootstrap.jsonl").read_text().splitlines()]
     assert examples and all("<observation>" not in e["response"] for e in examples)
     assert all("<answer>" in e["response"] for e in examples)

@@ -69,3 +69,25 @@ def compare(
         raise typer.BadParameter(str(error)) from None
     console.print(path.read_text(), highlight=False, soft_wrap=True)  # table rows stay whole lines
     console.print(f"wrote {path}, {Path(out) / 'curves.png'} and {Path(out) / 'passk.png'}")
+
+
+@app.command(epilog=example("spa archive runs/frozenlake-vanilla-iterate-seed0 --out results/runs"))
+def archive(
+    runs: list[str] = typer.Argument(..., help="Run folders to archive."),
+    out: str = typer.Option(..., help="Folder that receives a light copy of each run, under the run's name."),
+) -> None:
+    """Copy the results of runs (recipe, stages, report, RL log, every evaluation's metrics and
+    per-level successes) without their checkpoints and data: a few hundred kB instead of GBs.
+
+    spa report and spa compare read the copy like the run, so a table made over several
+    sessions or machines survives the run folders.
+    """
+    from spa.pipeline.layout import archive as archive_run
+
+    for folder in runs:
+        try:
+            dest = archive_run(folder, out)
+        except (FileNotFoundError, ValueError) as error:
+            raise typer.BadParameter(str(error)) from None
+        size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+        console.print(f"{folder} -> {dest} ({size / 1e3:.0f} kB)")

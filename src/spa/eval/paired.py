@@ -86,15 +86,26 @@ def _few(levels: list, shown: int = 5) -> str:
     return ", ".join(map(str, levels[:shown])) + (", ..." if len(levels) > shown else "")
 
 
+#: Each level's successes beside an evaluation, for when its ``trajectories.jsonl`` is not
+#: kept (``spa archive``): ``{"env": ..., "env_config": ..., "levels": {"SEED": [1, 0, ...]}}``.
+LEVELS = "levels.json"
+
+
 def read_levels(path: str | Path) -> tuple[dict, dict[int, list[bool]]]:
     """``(played, successes)`` from an evaluation's ``trajectories.jsonl`` (the file or its
-    folder): ``played`` is the environment and its options, ``successes[seed]`` one success
-    per sample of that level. The seed names a level across evaluations (the group is only
+    folder), or from the ``levels.json`` beside it when the trajectories are not kept:
+    ``played`` is the environment and its options, ``successes[seed]`` one success per
+    sample of that level. The seed names a level across evaluations (the group is only
     its index in one)."""
     path = Path(path)
     if path.suffix != ".jsonl":
         path = path / "trajectories.jsonl"
     if not path.is_file():
+        summary = path.with_name(LEVELS)
+        if summary.is_file():
+            data = json.loads(summary.read_text(encoding="utf-8"))
+            played = {"env": data["env"], "env_config": data["env_config"]}
+            return played, {int(seed): [bool(s) for s in outcomes] for seed, outcomes in data["levels"].items()}
         raise FileNotFoundError(f"{path} does not exist: not an evaluation (spa eval --out writes it)")
     played: dict = {}
     levels: dict[int, list[bool]] = {}

@@ -23,13 +23,17 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
 from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
-from spa.eval.paired import read_levels  # noqa: E402
+from spa.eval.paired import LEVELS, read_levels  # noqa: E402
+from spa.pipeline.layout import eval_dir  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
 SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed", "iterate.seed")
 #: The evaluated models of a comparison: column label and the stages that evaluate it.
-MODELS = (("base", ("eval_base",)), ("before RL", ("eval_sft", "eval_rwml")), ("final", ("eval_final",)))
+#: The evaluations of the model RL starts from: after world-model SFT (spa), after RWML
+#: (rwml+ppo), or after the format bootstrap (vanilla, state_estimation, vagen).
+BEFORE_RL = ("eval_sft", "eval_rwml", "eval_bootstrap")
+MODELS = (("base", ("eval_base",)), ("before RL", BEFORE_RL), ("final", ("eval_final",)))
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
@@ -79,24 +83,28 @@ def model_eval(run: dict, stages: tuple[str, ...], mode: str | None) -> tuple[st
 
 
 def level_counts(trajectories: str | Path) -> tuple[tuple[int, int], ...] | None:
-    """``(samples, successes)`` of each level in an evaluation's ``trajectories.jsonl``
-    (None when the file is gone). Read once per version of the file: the table and the
-    plot both need it, and a file of 128 x 8 episodes takes a while to parse."""
+    """``(samples, successes)`` of each level in an evaluation's ``trajectories.jsonl``, or
+    in the ``levels.json`` beside it (an archived run); None when neither is there. Read
+    once per version of the file: the table and the plot both need it, and a file of
+    128 x 8 episodes takes a while to parse."""
     path = Path(trajectories)
     if not path.is_file():
-        return None
+        path = path.with_name(LEVELS)
+        if not path.is_file():
+            return None
     stat = path.stat()
-    return _level_counts(str(path), stat.st_mtime_ns, stat.st_size)
+    return _level_counts(str(path.parent), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
-def _level_counts(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int], ...]:
-    return tuple((len(outcomes), sum(outcomes)) for outcomes in read_levels(path)[1].values())
+def _level_counts(folder: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int], ...]:
+    return tuple((len(outcomes), sum(outcomes)) for outcomes in read_levels(folder)[1].values())
 
 
 def trajectories_path(run: dict, stage: str, mode: str) -> Path:
-    """The ``trajectories.jsonl`` of one evaluation of a run: beside its ``metrics.json``."""
-    return Path(run["stages"][stage]["outputs"][mode]["metrics"]).with_name("trajectories.jsonl")
+    """The ``trajectories.jsonl`` of one evaluation of a run (an archived run keeps its
+    ``levels.json`` there instead)."""
+    return eval_dir(run["dir"], stage, mode) / "trajectories.jsonl"
 
 
 def eval_counts(run: dict, stage: str, mode: str) -> tuple[tuple[int, int], ...] | None:

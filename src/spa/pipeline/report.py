@@ -21,12 +21,13 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
-from spa.pipeline.replicates import (SEED_KEYS, final_mode, group_runs, group_table, model_eval,  # noqa: E402
-                                     plot_passk, trajectories_path)
+from spa.pipeline.layout import eval_dir  # noqa: E402
+from spa.pipeline.replicates import (BEFORE_RL, SEED_KEYS, final_mode, group_runs, group_table,  # noqa: E402
+                                     model_eval, plot_passk, trajectories_path)
 from spa.rl.logger import read_metrics  # noqa: E402
 
-EVAL_STAGES = {"eval_base": "base model", "eval_sft": "after world-model SFT", "eval_rwml": "after RWML",
-               "eval_final": "final model"}
+EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",
+               "eval_sft": "after world-model SFT", "eval_rwml": "after RWML", "eval_final": "final model"}
 WM_KEYS = ("observation_exact", "prediction_exact", "observation_cell_acc", "prediction_cell_acc")
 
 
@@ -39,8 +40,8 @@ def load_run(folder: str | Path) -> dict:
     stages = json.loads(stages_path.read_text())
     evals = {}
     for stage, label in EVAL_STAGES.items():
-        for mode, entry in stages.get(stage, {}).get("outputs", {}).items():
-            evals[(stage, mode)] = json.loads(Path(entry["metrics"]).read_text())
+        for mode in stages.get(stage, {}).get("outputs", {}):
+            evals[(stage, mode)] = json.loads((eval_dir(folder, stage, mode) / "metrics.json").read_text())
     config = (folder / "config.yaml").read_text() if (folder / "config.yaml").exists() else ""
     # Expert iteration (rl: iterate) logs one line per round, in the names of PPO's log.
     unit = "round" if "rounds" in stages.get("rl", {}).get("outputs", {}) else "RL step"
@@ -63,10 +64,10 @@ def _curve_cell(record: dict, name: str) -> str:
 
 
 def rl_gain_cell(run: dict, mode: str | None) -> str:
-    """The paired Pass@1 gain of RL: the final evaluation minus the one before RL (after SFT
-    or RWML), level by level (:func:`spa.eval.paired.paired_difference`), ``+9.4 [+6.4, +12.3]``;
+    """The paired Pass@1 gain of RL: the final evaluation minus the one before RL (after SFT,
+    RWML or the format bootstrap), level by level (:func:`spa.eval.paired.paired_difference`), ``+9.4 [+6.4, +12.3]``;
     ``-`` without both evaluations' trajectories or when they did not play the same levels."""
-    before = model_eval(run, ("eval_sft", "eval_rwml"), mode)
+    before = model_eval(run, BEFORE_RL, mode)
     if before is None or ("eval_final", mode) not in run["evals"]:
         return "-"
     try:
@@ -237,7 +238,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
         recipe = _recipe_summary(run["config"])
         mode = final_mode(run)
         cells = []
-        for stages in (("eval_base",), ("eval_sft", "eval_rwml"), ("eval_final",)):
+        for stages in (("eval_base",), BEFORE_RL, ("eval_final",)):
             found = next((run["evals"][(s, mode)] for s in stages if (s, mode) in run["evals"]), {})
             cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
         cells.append(rl_gain_cell(run, mode))

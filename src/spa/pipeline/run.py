@@ -9,6 +9,9 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
                 or state): random-exploration turns in the RL mode, so the SFT'd model writes that
                 mode's answers with actions of its own instead of copying the prompt's example
     eval_base   the base model, before any training
+    eval_bootstrap
+                the format-bootstrap checkpoint where RL starts from it (vanilla, state_estimation,
+                vagen with a bootstrap): the "before RL" model of those methods
     eval_sft    the SFT checkpoint, after the bridge when there is one (spa)
     rwml        RWML: GRPO of the policy as a world model (rwml, rwml+ppo)
     eval_rwml   the RWML checkpoint as an agent (rwml+ppo)
@@ -49,6 +52,7 @@ from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
+from spa.pipeline.layout import eval_dir
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
 from spa.rl import expert_iteration
 from spa.rl.logger import MetricsLogger
@@ -61,16 +65,17 @@ from spa.worldmodel.sft import train as train_sft
 #: Training stages: each writes its checkpoints into the run folder's subfolder of its name.
 CHECKPOINT_STAGES = ("bootstrap", "sft", "bridge", "rwml", "rl")
 
-STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rwml", "eval_rwml", "rl", "eval_final",
-          "report")
+STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_bootstrap", "eval_sft", "rwml", "eval_rwml", "rl",
+          "eval_final", "report")
 METHOD_STAGES = {
     # With selfplay.bootstrap_episodes > 0 every method starts from a format bootstrap, in
-    # its own RL prompt mode for vanilla and state_estimation (short reasoning + actions).
-    "vanilla": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
-    "state_estimation": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
+    # its own RL prompt mode for vanilla and state_estimation (short reasoning + actions),
+    # evaluated as the model RL starts from.
+    "vanilla": {"bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"},
+    "state_estimation": {"bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"},
     # vagen's turn rewards are paid only for well-formed world-model turns, which a small
     # base model never writes: like rwml it starts from the format bootstrap when there is one.
-    "vagen": {"bootstrap", "eval_base", "rl", "eval_final", "report"},
+    "vagen": {"bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"},
     "spa": {"bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_sft", "rl", "eval_final", "report"},
     "rwml": {"bootstrap", "eval_base", "rwml", "eval_final", "report"},
     "rwml+ppo": {"bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"},
@@ -98,7 +103,7 @@ class Run:
     def stage_list(self) -> list[str]:
         keep = set(METHOD_STAGES[self.recipe.method])
         if not self.recipe.selfplay.bootstrap_episodes:
-            keep.discard("bootstrap")
+            keep -= {"bootstrap", "eval_bootstrap"}
         if not self.recipe.bridged:
             keep.discard("bridge")
         return [s for s in STAGES if s in keep]
@@ -208,7 +213,7 @@ class Run:
         results = {}
         modes = [r.rl_mode] + (["world_model"] if r.eval.world_model and r.rl_mode != "world_model" else [])
         for mode in modes:
-            out = self.dir / "eval" / f"{name}-{mode}"
+            out = eval_dir(self.dir, f"eval_{name}", mode)
             if (out / "metrics.json").is_file():
                 metrics = json.loads((out / "metrics.json").read_text())
             else:
@@ -251,6 +256,9 @@ class Run:
 
     def _eval_base(self) -> dict:
         return self._evaluate(self.recipe.model, "base")
+
+    def _eval_bootstrap(self) -> dict:
+        return self._evaluate(self.output("bootstrap"), "bootstrap")
 
     def _eval_sft(self) -> dict:
         return self._evaluate(self.output("bridge" if "bridge" in self.stages else "sft"), "sft")
@@ -309,9 +317,9 @@ class Run:
         rollout = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
         eval_config = self._eval_config(r.rl_mode)
         start = out / "round-0" / "eval"
-        before = self.dir / "eval" / f"sft-{r.rl_mode}"
-        if "eval_sft" in self.stages and not (start / "metrics.json").is_file():
-            shutil.copytree(before, start, dirs_exist_ok=True)  # the same model on the same levels: evaluated
+        evaluated = next((s for s in ("eval_sft", "eval_bootstrap") if s in self.stages), None)
+        if evaluated and not (start / "metrics.json").is_file():  # the same model on the same levels
+            shutil.copytree(eval_dir(self.dir, evaluated, r.rl_mode), start, dirs_exist_ok=True)
 
         def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
             return evaluate(lm, tokenizer, eval_config, folder, model_name=f"rl/{folder.parent.name}",
@@ -345,7 +353,7 @@ class Run:
         if self.recipe.rl == "iterate":  # never with rwml, the one method without an rl stage
             # The last round was evaluated on these levels with these settings already.
             done = Path(self.output("rl", "final_eval"))
-            shutil.copytree(done, self.dir / "eval" / f"final-{self.recipe.rl_mode}", dirs_exist_ok=True)
+            shutil.copytree(done, eval_dir(self.dir, "eval_final", self.recipe.rl_mode), dirs_exist_ok=True)
         return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
 
     def _report(self) -> dict:
