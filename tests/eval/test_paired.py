@@ -88,6 +88,22 @@ def test_compare_evaluations_reads_levels_by_seed_and_agrees_with_each_evaluatio
             assert result[k][f"{side}_ci95"] == pytest.approx(metrics["pass_at_k_ci95"][k])
 
 
+def test_levels_json_stands_in_for_the_trajectories(tmp_path):
+    from spa.pipeline.layout import write_levels
+
+    before = write_eval(tmp_path / "before", list(BEFORE.values()))
+    after = write_eval(tmp_path / "after", [AFTER[name] for name in BEFORE])
+    expected = compare_evaluations(before, after)
+    for folder in (before, after):
+        write_levels(folder)
+        (folder / "trajectories.jsonl").unlink()
+    assert json.loads((before / "levels.json").read_text())["levels"] == {"10000000": [1, 0], "10000001": [0, 0],
+                                                                          "10000002": [1, 1]}
+    assert read_levels(before) == ({"env": "frozenlake", "env_config": {}},
+                                   {10_000_000 + i: outcomes for i, outcomes in enumerate(BEFORE.values())})
+    assert compare_evaluations(before, after) == expected
+
+
 def test_compare_evaluations_refuses_other_environments_and_missing_files(tmp_path):
     before = write_eval(tmp_path / "before", list(BEFORE.values()))
     other = write_eval(tmp_path / "other", list(BEFORE.values()), env_config={"size": 6})

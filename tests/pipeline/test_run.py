@@ -17,6 +17,7 @@ from spa.eval.metrics import bootstrap_interval
 from spa.models import load_model
 from spa.pipeline import replicates
 from spa.pipeline import report as report_module
+from spa.pipeline.layout import eval_dir
 from spa.pipeline.recipe import CONFIGS, load_recipe
 from spa.pipeline.run import Run
 from spa.rl import logger as logger_module
@@ -215,18 +216,18 @@ def test_keep_optimizer_keeps_the_trainer_state_and_may_change_on_a_rerun(preset
 def per_level_pass_at_1(folder: Path, stage: str) -> list[float]:
     """Each level's Pass@1 in a run's evaluation, from its trajectories (the test's own count)."""
     stages = json.loads((folder / "stages.json").read_text())
-    entry = next(iter(stages[stage]["outputs"].values()))
+    mode = next(iter(stages[stage]["outputs"]))
     levels: dict[int, list[bool]] = {}
-    for line in (Path(entry["metrics"]).parent / "trajectories.jsonl").read_text().splitlines():
+    for line in (eval_dir(folder, stage, mode) / "trajectories.jsonl").read_text().splitlines():
         record = json.loads(line)
         levels.setdefault(record["group"], []).append(record["success"])
     return [sum(v) / len(v) for v in levels.values()]
 
 
-def rl_gain(folder: Path) -> str:
-    """The paired RL gain cell, from the test's own count: per level final minus SFT Pass@1,
-    mean ± 1.96 sd / sqrt(levels) in signed points."""
-    gains = [b - a for a, b in zip(per_level_pass_at_1(folder, "eval_sft"), per_level_pass_at_1(folder, "eval_final"))]
+def rl_gain(folder: Path, before: str = "eval_sft") -> str:
+    """The paired RL gain cell, from the test's own count: per level final minus before-RL
+    Pass@1, mean ± 1.96 sd / sqrt(levels) in signed points."""
+    gains = [b - a for a, b in zip(per_level_pass_at_1(folder, before), per_level_pass_at_1(folder, "eval_final"))]
     centre = sum(gains) / len(gains)
     half = 1.96 * statistics.stdev(gains) / len(gains) ** 0.5
     return f"{100 * centre:+.1f} [{100 * (centre - half):+.1f}, {100 * (centre + half):+.1f}]"
@@ -236,8 +237,8 @@ def set_successes(folder: Path, stage: str, offset: int) -> None:
     """Rewrite an evaluation's trajectories with successes that vary between levels (the
     tiny random model never succeeds, so its intervals would all be [0, 0])."""
     stages = json.loads((folder / "stages.json").read_text())
-    for entry in stages[stage]["outputs"].values():
-        path = Path(entry["metrics"]).parent / "trajectories.jsonl"
+    for mode in stages[stage]["outputs"]:
+        path = eval_dir(folder, stage, mode) / "trajectories.jsonl"
         records = [json.loads(line) for line in path.read_text().splitlines()]
         for r in records:
             r["success"] = (r["group"] * 7 + r["sample"] * 3 + offset) % 5 < 2
@@ -469,3 +470,55 @@ def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
         load_recipe(CONFIGS / "frozenlake-vagen.yaml", ["rl=iterate"])
     recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["seed=3"])
     assert recipe.iterate.config(recipe.stage_seed(recipe.iterate)).seed == 3
+
+
+def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_path, monkeypatch):
+    """vanilla with ``rl: iterate``: round 0 is the format bootstrap's evaluation, which the
+    comparison shows as the model before RL, with RL's paired gain against it."""
+    from scripted import ScriptedEngine
+    from spa.rl import expert_iteration
+
+    win, lose = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+                        ScriptedEngine(tokenizer, [[win, lose]]))
+    overrides = ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
+                 "iterate.rounds=1", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
+                 "sft.precision=fp32"]
+    folder = tmp_path / "vanilla-iterate"
+    Run(load_recipe(CONFIGS / "frozenlake-vanilla-iterate.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"]
+    assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
+    trajectories = "trajectories.jsonl"
+    assert ((folder / "rl" / "round-0" / "eval" / trajectories).read_text()
+            == (folder / "eval" / "bootstrap-base" / trajectories).read_text())
+    report_module.compare([folder], tmp_path / "cmp", resamples=100)
+    row = next(line.split(" | ") for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+               if line.startswith("| vanilla-iterate"))
+    before = json.loads((folder / "eval" / "bootstrap-base" / "metrics.json").read_text())
+    assert row[6] == with_interval(before["pass_at_k"]["pass@1"], *before["pass_at_k_ci95"]["pass@1"])
+    assert row[10] == rl_gain(folder, before="eval_bootstrap")
+    assert "after the format bootstrap" in (folder / "report.md").read_text()
+
+
+def test_an_archived_run_is_small_and_compares_like_the_run(finished, tmp_path):
+    run = tmp_path / "runs" / "varied"  # successes that vary, so that intervals and gains are not all 0
+    shutil.copytree(finished, run)
+    set_successes(run, "eval_final", 0)
+    result = CliRunner().invoke(app, ["archive", str(run), "--out", str(tmp_path / "results")])
+    assert result.exit_code == 0, result.output
+    copy = tmp_path / "results" / "varied"
+    files = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
+    assert {"config.yaml", "stages.json", "report.md", "rl/metrics.jsonl",
+            "eval/final-world_model/metrics.json", "eval/final-world_model/levels.json"} <= files
+    assert not [name for name in files if name.endswith((".safetensors", ".pt", ".jsonl")) and "metrics" not in name]
+    assert sum((copy / name).stat().st_size for name in files) < 0.01 * sum(
+        p.stat().st_size for p in run.rglob("*") if p.is_file())
+    for folder, name in ((run, "run"), (copy, "copy")):
+        report_module.compare([folder], tmp_path / name, resamples=100)
+    table = (tmp_path / "copy" / "comparison.md").read_text()
+    assert table == (tmp_path / "run" / "comparison.md").read_text()
+    assert rl_gain(run) in table and rl_gain(run) != "+0.0 [+0.0, +0.0]"
+    bad = CliRunner().invoke(app, ["archive", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "is not a run folder (no stages.json)" in bad.output
