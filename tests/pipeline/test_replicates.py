@@ -34,3 +34,8 @@ def test_the_seeds_of_a_run_are_read_from_every_seed_key():
 def test_a_run_without_a_saved_recipe_is_a_group_of_its_own():
     runs = [{"name": "x", "dir": "x", "config": ""}, {"name": "y", "dir": "y", "config": ""}, run("a")]
     assert [[r["name"] for r in g] for g in group_runs(runs)] == [["x"], ["y"], ["a"]]
+
+
+def test_leaving_out_the_base_evaluation_does_not_split_a_group():
+    skipped = {**run("b", seed=1), "config": run("b", seed=1)["config"] + "eval: {base: false}\n"}
+    assert [[r["name"] for r in g] for g in group_runs([run("a"), skipped])] == [["a", "b"]]

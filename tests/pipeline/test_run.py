@@ -382,6 +382,16 @@ def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
     assert stages["rl"]["outputs"]["start"] == recipe.model  # without a bootstrap: the base model
 
 
+def test_the_base_evaluation_is_a_switch_a_rerun_may_flip(preset, tmp_path):
+    folder = tmp_path / "no-base"
+    overrides = ["selfplay.bootstrap_episodes=0", "eval.base=false"]
+    Run(load_recipe(CONFIGS / "sokoban-vanilla.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run(until="rl")
+    assert list(json.loads((folder / "stages.json").read_text())) == ["rl"]
+    recipe = load_recipe(CONFIGS / "sokoban-vanilla.yaml", overrides[:1], preset=str(preset))
+    assert Run(recipe, folder).stage_list() == ["eval_base", "rl", "eval_final", "report"]  # not another recipe
+
+
 def test_plain_rl_starts_from_a_bootstrap_in_its_own_prompt_mode(preset, tmp_path):
     folder = tmp_path / "vanilla"
     Run(load_recipe(CONFIGS / "frozenlake-vanilla.yaml", preset=str(preset)), folder, log=lambda _: None).run(

@@ -102,8 +102,9 @@ class SelfPlaySection:
 
 
 #: Recipe keys a rerun of a run folder may change and replicates may differ in: they change
-#: no result (``spa.pipeline.run``, ``spa.pipeline.replicates``).
-RESULT_NEUTRAL_KEYS = ("keep_optimizer",)
+#: no result of any stage (``eval.base`` only whether the base model is evaluated too;
+#: ``spa.pipeline.run``, ``spa.pipeline.replicates``).
+RESULT_NEUTRAL_KEYS = ("keep_optimizer", "eval.base")
 
 _STAGE_SEED_HELP = "Seed of this stage; null: the recipe's seed (a number here wins, 0 included)."
 
@@ -162,6 +163,10 @@ class EvalSection:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (paper: 1)."})
     world_model: bool = field(default=True, metadata={
         "help": "Also evaluate the world-model accuracy (world_model mode) before and after."})
+    base: bool = field(default=True, metadata={
+        "help": "Evaluate the base model (stage eval_base); false leaves it out. SmolLM2-135M scores 0 in every "
+                "mode (it never writes the answer format) and its answers run to the token cap, so this is "
+                "the slowest evaluation of a run (15 min at 128 x 8 on one Zen 4 core)."})
 
 
 @dataclass

@@ -106,6 +106,8 @@ class Run:
             keep -= {"bootstrap", "eval_bootstrap"}
         if not self.recipe.bridged:
             keep.discard("bridge")
+        if not self.recipe.eval.base:
+            keep.discard("eval_base")
         return [s for s in STAGES if s in keep]
 
     def run(self, until: str | None = None) -> dict:
