@@ -71,7 +71,7 @@ def compare(
     console.print(f"wrote {path}, {Path(out) / 'curves.png'} and {Path(out) / 'passk.png'}")
 
 
-@app.command(epilog=example("spa archive runs/frozenlake-vanilla-iterate-seed0 --out results/runs"))
+@app.command(epilog=example("spa archive runs/frozenlake-vanilla-iterate-s0 --out results/runs"))
 def archive(
     runs: list[str] = typer.Argument(..., help="Run folders to archive."),
     out: str = typer.Option(..., help="Folder that receives a light copy of each run, under the run's name."),
