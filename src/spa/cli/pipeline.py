@@ -79,8 +79,8 @@ def archive(
     """Copy the results of runs (recipe, stages, report, RL log, every evaluation's metrics and
     per-level successes) without their checkpoints and data: a few hundred kB instead of GBs.
 
-    spa report and spa compare read the copy like the run, so a table made over several
-    sessions or machines survives the run folders.
+    spa compare reads the copy like the run, so a table made over several sessions or
+    machines survives the run folders.
     """
     from spa.pipeline.layout import archive as archive_run
 

@@ -5,7 +5,7 @@ results. ``archive`` copies the results alone: the recipe (``config.yaml``), the
 of stages (``stages.json``), ``report.md``, the RL stage's log and round summary, and for
 every evaluation its ``metrics.json`` and ``levels.json`` (each level's successes, what
 the intervals and paired differences need; written from ``trajectories.jsonl``, which at
-128 x 8 episodes is about 10 MB). ``spa report`` and ``spa compare`` read an archived
+128 x 8 episodes is about 10 MB). ``spa compare`` (and ``write_report``) read an archived
 folder like the run itself, so a table made over several machines or sessions survives
 the run folders.
 """
