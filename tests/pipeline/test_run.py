@@ -433,7 +433,7 @@ def test_the_bridge_is_a_switch_and_only_for_another_rl_mode(preset):
     assert "bridge" not in stages("prompt.mode=base", "selfplay.bootstrap_episodes=0")
 
 
-def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp_path, monkeypatch):
+def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp_path, monkeypatch, capsys):
     """``rl: iterate``: rounds from the SFT checkpoint, logged like PPO's steps; the start's and
     the last round's evaluations are the pipeline's eval_sft and eval_final, played once."""
     from scripted import ScriptedEngine
@@ -449,7 +449,7 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     folder = tmp_path / "iterate"
     Run(recipe, folder, log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_base", "eval_sft", "rl", "eval_final", "report"]
+    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_sft", "rl", "eval_final", "report"]  # eval.base: false
     rl = stages["rl"]["outputs"]
     assert rl["start"] == stages["sft"]["outputs"]["model"]
     assert rl["model"] == str(folder / "rl" / "round-2" / "sft" / "epoch-1")
@@ -469,6 +469,7 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     report = (folder / "report.md").read_text()
     assert "RL by expert iteration: 2 rounds, the last one kept 1 of 2 turns" in report
     assert "| round | Pass@1 [95% interval]" in report and (folder / "rl_rollouts.png").stat().st_size > 1000
+    assert "round-2: play turn 1, 2 of 2 episodes playing: 0/1" in capsys.readouterr().out  # a line in a log
 
 
 def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
@@ -498,7 +499,7 @@ def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_
     Run(load_recipe(CONFIGS / "frozenlake-vanilla-iterate.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["bootstrap", "eval_base", "eval_bootstrap", "rl", "eval_final", "report"]
+    assert list(stages) == ["bootstrap", "eval_bootstrap", "rl", "eval_final", "report"]  # eval.base: false
     assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
     trajectories = "trajectories.jsonl"
     assert ((folder / "rl" / "round-0" / "eval" / trajectories).read_text()
