@@ -433,18 +433,26 @@ def test_the_bridge_is_a_switch_and_only_for_another_rl_mode(preset):
     assert "bridge" not in stages("prompt.mode=base", "selfplay.bootstrap_episodes=0")
 
 
-def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp_path, monkeypatch, capsys):
-    """``rl: iterate``: rounds from the SFT checkpoint, logged like PPO's steps; the start's and
-    the last round's evaluations are the pipeline's eval_sft and eval_final, played once."""
+WIN, LOSE = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
+
+
+def scripted_rounds(monkeypatch, rounds: int) -> list[str]:
+    """Expert-iteration rounds whose play is scripted (one sample wins a fixed 3x3 lake in
+    two moves, the other moves Down), and the recipe overrides of that tiny task."""
     from scripted import ScriptedEngine
     from spa.rl import expert_iteration
 
-    win, lose = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
     monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
-                        ScriptedEngine(tokenizer, [[win, lose]]))
-    overrides = ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
-                 "iterate.rounds=2", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
-                 "sft.precision=fp32"]
+                        ScriptedEngine(tokenizer, [[WIN, LOSE]]))
+    return ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
+            f"iterate.rounds={rounds}", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
+            "sft.precision=fp32"]
+
+
+def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp_path, monkeypatch, capsys):
+    """``rl: iterate``: rounds from the SFT checkpoint, logged like PPO's steps; the start's and
+    the last round's evaluations are the pipeline's eval_sft and eval_final, played once."""
+    overrides = scripted_rounds(monkeypatch, rounds=2)
     recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", overrides, preset=str(preset))
     folder = tmp_path / "iterate"
     Run(recipe, folder, log=lambda _: None).run()
@@ -455,7 +463,7 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     assert rl["model"] == str(folder / "rl" / "round-2" / "sft" / "epoch-1")
     for round_ in (1, 2):  # keep=best: the winning sample's first move begins the shortest path, Down does not
         examples = [json.loads(line) for line in (folder / "rl" / f"round-{round_}" / "data.jsonl").open()]
-        assert [e["response"] for e in examples] == [win]
+        assert [e["response"] for e in examples] == [WIN]
     trajectories = "trajectories.jsonl"
     assert ((folder / "rl" / "round-0" / "eval" / trajectories).read_text()
             == (folder / "eval" / "sft-base" / trajectories).read_text())
@@ -486,15 +494,7 @@ def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
 def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_path, monkeypatch):
     """vanilla with ``rl: iterate``: round 0 is the format bootstrap's evaluation, which the
     comparison shows as the model before RL, with RL's paired gain against it."""
-    from scripted import ScriptedEngine
-    from spa.rl import expert_iteration
-
-    win, lose = "<think>go</think><answer>Right || Right</answer>", "<think>go</think><answer>Down</answer>"
-    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
-                        ScriptedEngine(tokenizer, [[win, lose]]))
-    overrides = ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
-                 "iterate.rounds=1", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
-                 "sft.precision=fp32"]
+    overrides = scripted_rounds(monkeypatch, rounds=1)
     folder = tmp_path / "vanilla-iterate"
     Run(load_recipe(CONFIGS / "frozenlake-vanilla-iterate.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
