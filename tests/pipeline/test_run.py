@@ -292,6 +292,7 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     (partial / "stages.json").write_text(json.dumps(kept))
     result = CliRunner().invoke(app, ["compare", str(finished), str(partial), "--out", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
+    assert "![curves](curves.png)" in result.output  # printed as text, not read as rich markup
     rows = [line.split(" | ") for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
             if line.startswith("| straight") or line.startswith("| partial")]
     mode = next(iter(stages["eval_final"]["outputs"]))

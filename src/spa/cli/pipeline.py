@@ -67,7 +67,7 @@ def compare(
         path = write_comparison(runs, out, resamples=resamples)
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error)) from None
-    console.print(path.read_text(), highlight=False, soft_wrap=True)  # table rows stay whole lines
+    console.print(path.read_text(), highlight=False, soft_wrap=True, markup=False)  # whole rows; [x] is text
     console.print(f"wrote {path}, {Path(out) / 'curves.png'} and {Path(out) / 'passk.png'}")
 
 
