@@ -8,11 +8,13 @@
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
 # run on both cores for evaluation, 1.07x for SFT, Zen 4). Every `spa run` resumes where it
-# stopped, so the same command after an interruption goes on; finished runs are skipped in
-# seconds. Logs: runs/comparison-ENV-laneN.log. Each finished run is archived into
-# results/runs (spa archive); at the end results/comparison holds spa compare's table.
+# stopped, so the same command after an interruption goes on; a run archived as finished
+# is skipped, even without its run folder. Logs: runs/comparison-ENV-laneN.log. Each
+# finished run is archived into results/runs (spa archive); at the end results/comparison
+# holds spa compare's table.
 set -u
 cd "$(dirname "$0")/.."
+mkdir -p runs results/runs
 SPA=${SPA:-.venv/bin/spa}
 envs=("${@:-frozenlake}")
 
@@ -20,6 +22,8 @@ cell() {  # cell ENV METHOD SEED [ABLATION key=value ...]
   local env=$1 method=$2 seed=$3 name="$1-$2-iterate"
   shift 3
   if [ $# -gt 0 ]; then name="$name-$1"; shift; fi
+  # Archived and finished: done, even where its run folder is gone (a fresh machine).
+  if grep -qs '"report"' "results/runs/$name-s$seed/stages.json"; then return 0; fi
   "$SPA" run "configs/$env-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
     "$SPA" archive "runs/$name-s$seed" --out results/runs
 }
