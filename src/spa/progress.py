@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -48,6 +49,21 @@ class Bar(Progress):
             info = f"  {task.fields['info']}" if task.fields.get("info") else ""
             self.console.print(f"{task.description}: {task.completed:g}/{task.total:g}{info} "
                                f"({minutes}:{seconds:02d} elapsed)", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def turn_progress(label: str, turns: int, disable: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A bar over the turns of a batched rollout (evaluation, self-play, an expert-iteration
+    round), which advance together: yields the rollout's ``on_turn(turn, active)`` callback,
+    and marks every turn done when the rollout returns."""
+    with Bar(disable=disable, transient=True) as bar:
+        task = bar.add_task(label, total=turns)
+
+        def on_turn(turn: int, active: int) -> None:
+            bar.update(task, completed=turn, description=f"{label}: turn {turn + 1}, {active} episodes playing")
+
+        yield on_turn
+        bar.update(task, completed=turns)
 
 
 @contextlib.contextmanager

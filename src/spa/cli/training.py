@@ -43,6 +43,7 @@ def selfplay(
     """
     from spa.io import write_json, write_jsonl
     from spa.models.engine import Engine
+    from spa.progress import turn_progress
     from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 
     make_env(env, option)
@@ -59,9 +60,8 @@ def selfplay(
         lm, tokenizer = load(model, dtype)
         engine = Engine(lm, tokenizer)
     start = time.perf_counter()
-    with console.status("self-play") as status:
-        trajectories = collect(engine, tokenizer, config, on_turn=lambda t, n: status.update(
-            f"self-play: turn {t + 1}/{max_turns}, {n} episodes playing"))
+    with turn_progress("self-play", max_turns) as on_turn:
+        trajectories = collect(engine, tokenizer, config, on_turn=on_turn)
     examples, stats = build_examples(trajectories, config)
     stats["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_jsonl(out, examples)

@@ -22,7 +22,7 @@ from spa.agent.seeds import eval_seeds
 from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
 from spa.models.engine import Engine, SamplingParams
-from spa.progress import Bar
+from spa.progress import turn_progress
 
 
 @dataclass
@@ -53,16 +53,9 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
                                    format_penalty=config.format_penalty)
     start = time.perf_counter()
-    with Bar(disable=not progress, transient=True) as bar:
-        task = bar.add_task(f"eval {config.env}", total=config.prompt.max_turns)
-
-        def on_turn(turn: int, active: int) -> None:
-            bar.update(task, completed=turn,
-                       description=f"eval {config.env}: turn {turn + 1}, {active} episodes playing")
-
+    with turn_progress(f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn:
         trajectories = rollout(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
                                rollout_config, sampling, on_turn=on_turn)
-        bar.update(task, completed=config.prompt.max_turns)
     seconds = time.perf_counter() - start
     metrics = summarize(trajectories, intervals=True)
     generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)

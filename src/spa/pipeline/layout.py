@@ -18,6 +18,11 @@ from pathlib import Path
 from spa.eval.paired import LEVELS, read_levels
 from spa.io import write_json
 
+#: The evaluation stages of the model RL starts from, in the order ``Run.start_model``
+#: prefers them: after world-model SFT (spa), after RWML (rwml+ppo), or after the format
+#: bootstrap (vanilla, state_estimation, vagen).
+BEFORE_RL = ("eval_sft", "eval_rwml", "eval_bootstrap")
+
 #: A run's result files, relative to its folder (those present are copied).
 RESULT_FILES = ("config.yaml", "stages.json", "report.md", "rl/metrics.jsonl", "rl/rounds.json")
 

@@ -24,15 +24,12 @@ import yaml  # noqa: E402
 
 from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
 from spa.eval.paired import LEVELS, read_levels  # noqa: E402
-from spa.pipeline.layout import eval_dir  # noqa: E402
+from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
 SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed", "iterate.seed")
 #: The evaluated models of a comparison: column label and the stages that evaluate it.
-#: The evaluations of the model RL starts from: after world-model SFT (spa), after RWML
-#: (rwml+ppo), or after the format bootstrap (vanilla, state_estimation, vagen).
-BEFORE_RL = ("eval_sft", "eval_rwml", "eval_bootstrap")
 MODELS = (("base", ("eval_base",)), ("before RL", BEFORE_RL), ("final", ("eval_final",)))
 
 

@@ -21,9 +21,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
-from spa.pipeline.layout import eval_dir  # noqa: E402
-from spa.pipeline.replicates import (BEFORE_RL, SEED_KEYS, final_mode, group_runs, group_table,  # noqa: E402
-                                     model_eval, plot_passk, trajectories_path)
+from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
+from spa.pipeline.replicates import (SEED_KEYS, final_mode, group_runs, group_table, model_eval,  # noqa: E402
+                                     plot_passk, trajectories_path)
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",

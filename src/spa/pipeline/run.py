@@ -52,7 +52,7 @@ from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
-from spa.pipeline.layout import eval_dir
+from spa.pipeline.layout import BEFORE_RL, eval_dir
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
 from spa.rl import expert_iteration
 from spa.rl.logger import MetricsLogger
@@ -319,7 +319,7 @@ class Run:
         rollout = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
         eval_config = self._eval_config(r.rl_mode)
         start = out / "round-0" / "eval"
-        evaluated = next((s for s in ("eval_sft", "eval_bootstrap") if s in self.stages), None)
+        evaluated = next((s for s in BEFORE_RL if s in self.stages), None)
         if evaluated and not (start / "metrics.json").is_file():  # the same model on the same levels
             shutil.copytree(eval_dir(self.dir, evaluated, r.rl_mode), start, dirs_exist_ok=True)
 

@@ -40,7 +40,7 @@ from spa.eval.metrics import pct_with_interval
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
 from spa.models.engine import Engine
-from spa.progress import Bar
+from spa.progress import turn_progress
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
 
@@ -141,13 +141,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     lm, tokenizer = load(model)
     engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device)
                     .decode_dtype)
-    with Bar(transient=True) as bar:  # a round plays for minutes: a line a minute in a log
-        task = bar.add_task(f"{data.parent.name}: play", total=play.max_turns)
-
-        def on_turn(turn: int, active: int) -> None:
-            bar.update(task, completed=turn, description=f"{data.parent.name}: play turn {turn + 1}, "
-                                                         f"{active} of {play.episodes} episodes playing")
-
+    with turn_progress(f"{data.parent.name} play", play.max_turns) as on_turn:  # minutes: a line a minute in a log
         trajectories = collect(engine, tokenizer, play, on_turn=on_turn)
     examples, stats = build_examples(trajectories, play)
     if not examples:
