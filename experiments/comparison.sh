@@ -1,49 +1,74 @@
 #!/usr/bin/env bash
 # The comparison of README "The comparison": every method from a format bootstrap in its
 # own prompt, the same RL stage (expert iteration with the solver's per-turn label, three
-# rounds), learn preset, 128 x 8 evaluation, seeds 0-2, on FrozenLake 4x4 and Sokoban 6x6,
-# then the paper's SPA ablations (one seed each).
+# rounds), learn preset, 128 x 8 evaluation, seeds 0-2.
 #
-#   experiments/comparison.sh [frozenlake|sokoban] ...   # default: frozenlake
+#   experiments/comparison.sh [GROUP ...]   # default: frozenlake
+#
+# GROUP is one of
+#   frozenlake, sokoban   vanilla, state estimation and SPA (seeds 0-2), the paper's four SPA
+#                         ablations (seed 0), then RWML and SPA playing its rounds in the
+#                         world-model prompt (seeds 0-2);
+#   sudoku                vanilla and SPA on Sudoku 4x4 (seeds 0-2);
+#   frozenlake-transfer   vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6
+#                         (seeds 0-2).
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
 # run on both cores for evaluation, 1.07x for SFT, Zen 4). Every `spa run` resumes where it
 # stopped, so the same command after an interruption goes on; a run archived as finished
-# is skipped, even without its run folder. Logs: runs/comparison-ENV-laneN.log. Each
+# is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
 # finished run is archived into results/runs (spa archive); at the end results/comparison
 # holds spa compare's table.
 set -u
 cd "$(dirname "$0")/.."
-mkdir -p runs results/runs
 SPA=${SPA:-.venv/bin/spa}
-envs=("${@:-frozenlake}")
+groups=("${@:-frozenlake}")
+for group in "${groups[@]}"; do
+  case $group in
+    frozenlake | sokoban | sudoku | frozenlake-transfer) ;;
+    *) echo "unknown group '$group'; valid: frozenlake, sokoban, sudoku, frozenlake-transfer" >&2; exit 2 ;;
+  esac
+done
+mkdir -p runs results/runs
 
-cell() {  # cell ENV METHOD SEED [ABLATION key=value ...]
-  local env=$1 method=$2 seed=$3 name="$1-$2-iterate"
+cell() {  # cell GROUP METHOD SEED [VARIANT key=value ...]: configs/GROUP-METHOD-iterate.yaml
+  local group=$1 method=$2 seed=$3 name="$1-$2-iterate"
   shift 3
   if [ $# -gt 0 ]; then name="$name-$1"; shift; fi
   # Archived and finished: done, even where its run folder is gone (a fresh machine).
   if grep -qs '"report"' "results/runs/$name-s$seed/stages.json"; then return 0; fi
-  "$SPA" run "configs/$env-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
+  "$SPA" run "configs/$group-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
     "$SPA" archive "runs/$name-s$seed" --out results/runs
 }
 
-for env in "${envs[@]}"; do
-  (
-    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    for seed in 0 1 2; do cell "$env" spa "$seed"; done
-    cell "$env" spa 0 self_belief selfplay.states=self_belief
-    cell "$env" spa 0 random_exploration selfplay.exploration=random
-  ) > "runs/comparison-$env-lane1.log" 2>&1 &
-  (
-    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    for seed in 0 1; do cell "$env" vanilla "$seed"; done
-    cell "$env" state_estimation 0
-    cell "$env" vanilla 2
-    for seed in 1 2; do cell "$env" state_estimation "$seed"; done
-    cell "$env" spa 0 random_coords selfplay.coords=random
-    cell "$env" spa 0 masked_states sft.mask_states=true
-  ) > "runs/comparison-$env-lane2.log" 2>&1 &
+# SPA's rounds in the world-model prompt: answers of ~130 tokens instead of ~20.
+WORLD_MODEL=(world_model prompt.mode=world_model iterate.max_new_tokens=200 eval.max_new_tokens=200)
+
+lane() {  # lane GROUP 1|2: that lane's cells, in order (lane 1 holds the longer SPA runs)
+  local g=$1 seed
+  case $g:$2 in
+    frozenlake:1 | sokoban:1)
+      for seed in 0 1 2; do cell "$g" spa "$seed"; done
+      cell "$g" spa 0 self_belief selfplay.states=self_belief
+      cell "$g" spa 0 random_exploration selfplay.exploration=random
+      for seed in 0 1 2; do cell "$g" spa "$seed" "${WORLD_MODEL[@]}"; done ;;
+    frozenlake:2 | sokoban:2)
+      for seed in 0 1; do cell "$g" vanilla "$seed"; done
+      cell "$g" state_estimation 0
+      cell "$g" vanilla 2
+      for seed in 1 2; do cell "$g" state_estimation "$seed"; done
+      cell "$g" spa 0 random_coords selfplay.coords=random
+      cell "$g" spa 0 masked_states sft.mask_states=true
+      for seed in 0 1 2; do cell "$g" rwml "$seed"; done ;;
+    *:1) for seed in 0 1 2; do cell "$g" spa "$seed"; done ;;
+    *:2) for seed in 0 1 2; do cell "$g" vanilla "$seed"; done ;;
+  esac
+}
+
+for group in "${groups[@]}"; do
+  for n in 1 2; do
+    (export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; lane "$group" "$n") > "runs/comparison-$group-lane$n.log" 2>&1 &
+  done
   wait
 done
 "$SPA" compare results/runs/* --out results/comparison

@@ -1,7 +1,10 @@
-"""The reward-only filters of experiments/reward_filters.py on hand-built episodes."""
+"""The scripts of experiments/: the reward-only filters of reward_filters.py on hand-built
+episodes, and the cells comparison.sh runs."""
 
 import importlib.util
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,55 @@ def test_main_adds_the_chance_column_on_the_lake(filters, tmp_path, capsys):
     path.write_text(json.dumps(won) + "\n")
     filters.main(path, group=1)
     assert "| winners (spa iterate --keep winners) | 1 | 1 | 100.0% | 25.0% |" in capsys.readouterr().out
+
+
+COMPARISON = Path(__file__).parent.parent / "experiments" / "comparison.sh"
+
+
+def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = ()) -> list[list[str]]:
+    """The spa commands experiments/comparison.sh issues, recorded by a stand-in for spa, in a
+    copy of the script's folder layout (``archived``: runs archived as finished before)."""
+    root = tmp_path / "project"
+    (root / "experiments").mkdir(parents=True)
+    shutil.copy(COMPARISON, root / "experiments")
+    for name in archived:
+        (root / "results" / "runs" / name).mkdir(parents=True)
+        (root / "results" / "runs" / name / "stages.json").write_text('{"report": {}}')
+    fake = tmp_path / "spa"
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), *groups], capture_output=True,
+                            text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls")})
+    assert result.returncode == 0, result.stderr
+    return [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+
+
+def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_archives_it(tmp_path):
+    calls = comparison_calls(tmp_path, "sudoku", "frozenlake-transfer")
+    runs = [c for c in calls if c[0] == "run"]
+    names = {c[c.index("--name") + 1] for c in runs}
+    assert names == {f"{g}-{m}-iterate-s{s}" for g in ("sudoku", "frozenlake-transfer") for m in ("spa", "vanilla")
+                     for s in range(3)}
+    for c in runs:
+        assert (COMPARISON.parent.parent / c[1]).is_file(), c[1]  # the recipe exists
+        assert c[2] == f"seed={c[c.index('--name') + 1][-1]}"
+    archives = [c for c in calls if c[0] == "archive"]
+    assert sorted(c[1] for c in archives) == sorted(f"runs/{name}" for name in names)
+    assert calls[-1] == ["compare", "results/runs/*", "--out", "results/comparison"]  # none archived: the glob stays
+
+
+def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
+    calls = comparison_calls(tmp_path, "frozenlake", archived=("frozenlake-spa-iterate-s0",))
+    runs = {c[c.index("--name") + 1]: c[1:c.index("--name")] for c in calls if c[0] == "run"}
+    assert "frozenlake-spa-iterate-s0" not in runs and len(runs) == 3 * 5 - 1 + 4
+    assert runs["frozenlake-rwml-iterate-s2"] == ["configs/frozenlake-rwml-iterate.yaml", "seed=2"]
+    assert runs["frozenlake-spa-iterate-world_model-s1"] == [
+        "configs/frozenlake-spa-iterate.yaml", "seed=1", "prompt.mode=world_model", "iterate.max_new_tokens=200",
+        "eval.max_new_tokens=200"]
+    assert runs["frozenlake-spa-iterate-masked_states-s0"][2:] == ["sft.mask_states=true"]
+
+
+def test_the_comparison_names_the_groups_it_knows(tmp_path):
+    result = subprocess.run(["bash", str(COMPARISON), "frozen"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "unknown group 'frozen'; valid: frozenlake, sokoban, sudoku, frozenlake-transfer" in result.stderr

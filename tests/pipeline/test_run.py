@@ -514,6 +514,38 @@ def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_
     assert "after the format bootstrap" in (folder / "report.md").read_text()
 
 
+def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(preset, tmp_path, monkeypatch):
+    """The comparison's RWML row: RWML, then the same rounds as SPA's, from the RWML checkpoint."""
+    overrides = scripted_rounds(monkeypatch, rounds=1) + [
+        "rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false", "rwml.steps=1",
+        "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8", "rwml.eval_seeds=2",
+        "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false"]
+    folder = tmp_path / "rwml-iterate"
+    Run(load_recipe(CONFIGS / "frozenlake-rwml-iterate.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "rwml", "eval_rwml", "rl", "eval_final", "report"]
+    assert stages["rl"]["outputs"]["start"] == stages["rwml"]["outputs"]["model"]
+    assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
+            == (folder / "eval" / "rwml-base" / "trajectories.jsonl").read_text())
+    assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [WIN]
+
+
+def test_transfer_with_expert_iteration_trains_small_and_plays_large(preset, tmp_path, monkeypatch):
+    """The transfer rows: format bootstrap (and SPA's self-play) on ``env.options``, the rounds
+    and every evaluation on ``env.rl_options``."""
+    overrides = [o.replace("env.options=", "env.rl_options=") for o in scripted_rounds(monkeypatch, rounds=1)]
+    folder = tmp_path / "transfer"
+    Run(load_recipe(CONFIGS / "frozenlake-transfer-vanilla-iterate.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run()
+    def width(name: str) -> int:  # of the first lake the file's first line saw
+        return len(json.loads(next((folder / name).open()))["state_before"].split("\n")[0])
+
+    assert (width("data/bootstrap.jsonl"), width("rl/round-1/data.jsonl")) == (4, 3)
+    final = json.loads(next((folder / "eval" / "final-base" / "trajectories.jsonl").open()))
+    assert final["env_config"] == {"desc": "SFG/FHF/FFF", "is_slippery": False}
+
+
 def test_an_archived_run_is_small_and_compares_like_the_run(finished, tmp_path):
     run = tmp_path / "runs" / "varied"  # successes that vary, so that intervals and gains are not all 0
     shutil.copytree(finished, run)
