@@ -2,7 +2,7 @@ from math import comb
 
 import pytest
 
-from spa.eval.metrics import bootstrap_interval, cell_accuracy, exact_match, pass_at_k
+from spa.eval.metrics import bootstrap_difference, bootstrap_interval, cell_accuracy, exact_match, pass_at_k
 
 
 @pytest.mark.parametrize("n,c,k", [(8, 0, 1), (8, 1, 1), (8, 3, 2), (8, 3, 4), (8, 5, 4), (8, 8, 8),
@@ -143,3 +143,27 @@ def test_best_first_rate_is_over_the_scored_turns_and_absent_without_any():
     assert summarize([episode(True, None), episode(False, True, None)])["best_first_rate"] == 2 / 3
     assert "best_first_rate" not in summarize([episode(None, None)])
     assert "best_first_rate" not in summarize([episode()])
+
+
+def test_bootstrap_difference_shares_the_levels_between_the_groups():
+    # Identical runs differ by 0 in every replicate: the levels are drawn once for both groups.
+    assert bootstrap_difference([[1.0, 0.0, 1.0]], [[1.0, 0.0, 1.0]], resamples=200) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_difference_against_a_hand_computed_case():
+    # One seed each, levels a = (1, 0), b = (0, 0): a replicate is the mean of two levels drawn
+    # from (1, 0): 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5%
+    # percentiles are 0 and 1 around the difference 0.5.
+    assert bootstrap_difference([[1.0, 0.0]], [[0.0, 0.0]], resamples=4000) == (0.5, 0.0, 1.0)
+    # Two seeds of constant levels, 1 and 0, against one seed of 0: the difference is the mean
+    # of two seeds drawn, 0, 0.5 or 1 (same probabilities), around 0.5.
+    assert bootstrap_difference([[1.0, 1.0], [0.0, 0.0]], [[0.0, 0.0]], resamples=4000) == (0.5, 0.0, 1.0)
+    middle = bootstrap_difference([[1.0, 1.0], [0.0, 0.0]], [[0.0, 0.0]], resamples=4000, level=0.4)
+    assert middle[1:] == (0.5, 0.5)  # the 30% and 70% percentiles both fall on the middle half
+
+
+def test_bootstrap_difference_needs_runs_on_the_same_levels():
+    with pytest.raises(ValueError, match=r"the same levels in every run; got level counts \[2, 3\]"):
+        bootstrap_difference([[1.0, 0.0]], [[0.0, 0.0, 1.0]])
+    with pytest.raises(ValueError, match="at least one seed in each group"):
+        bootstrap_difference([], [[0.0]])

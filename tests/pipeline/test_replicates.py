@@ -1,7 +1,14 @@
-"""Grouping of replicate runs in ``spa compare``: same recipe but for the
-seeds and the result-neutral keys."""
+"""Replicate runs in ``spa compare``: grouped by recipe but for the seeds and the
+result-neutral keys, and each group against plain RL."""
 
-from spa.pipeline.replicates import SEED_KEYS, group_runs, recipe_key, seeds_of
+import json
+
+import pytest
+
+from spa.eval.metrics import bootstrap_difference
+from spa.eval.paired import signed_pct_with_interval
+from spa.pipeline.layout import eval_dir
+from spa.pipeline.replicates import SEED_KEYS, difference_table, group_runs, recipe_key, seeds_of
 
 RECIPE = """method: spa
 seed: {seed}
@@ -39,3 +46,44 @@ def test_a_run_without_a_saved_recipe_is_a_group_of_its_own():
 def test_leaving_out_the_base_evaluation_does_not_split_a_group():
     skipped = {**run("b", seed=1), "config": run("b", seed=1)["config"] + "eval: {base: false}\n"}
     assert [[r["name"] for r in g] for g in group_runs([run("a"), skipped])] == [["a", "b"]]
+
+
+def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[tuple[str, str], dict]) -> dict:
+    """A run dict as ``report.load_run`` gives it, with ``levels.json`` per evaluation:
+    ``evals[(stage, mode)] = {level seed: [success per sample]}``."""
+    folder = tmp_path / name
+    for (stage, mode), levels in evals.items():
+        out = eval_dir(folder, stage, mode)
+        out.mkdir(parents=True)
+        (out / "levels.json").write_text(json.dumps({"env": env, "env_config": {}, "levels": levels}))
+    config = f"method: {method}\nseed: {len(name)}\nenv: {{name: {env}}}\nrl: {rl}\n"
+    return {"name": name, "dir": folder, "config": config, "evals": {key: {} for key in evals}}
+
+
+def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
+    def levels(*rates):  # two samples a level
+        return {str(100 + i): [s < r for s in range(2)] for i, r in enumerate(rates)}
+
+    def final(name, method, rates, rl="iterate", env="frozenlake", before="eval_sft"):
+        return evaluated(tmp_path, name, method, env, rl, {(before, "base"): levels(1, 0, 0),
+                                                            ("eval_final", "base"): levels(*rates)})
+
+    runs = [final("spa0", "spa", (2, 1, 0)), final("van0", "vanilla", (1, 1, 0), before="eval_bootstrap"),
+            final("van11", "vanilla", (0, 1, 0), before="eval_bootstrap"),
+            final("spappo", "spa", (2, 2, 2), rl="ppo"), final("sok", "spa", (2, 2, 2), env="sokoban")]
+    groups = group_runs(runs)
+    assert [[r["name"] for r in g] for g in groups] == [["spa0"], ["van0", "van11"], ["spappo"], ["sok"]]
+    table = difference_table(groups, resamples=300).splitlines()
+    assert len(table) == 3  # no vanilla group with PPO, none on Sokoban: only G1 has a reference
+    row = table[2].split(" | ")
+    assert row[:3] == ["| G1 (spa)", "G2", "frozenlake"]
+    spa, vanilla = [[1.0, 0.5, 0.0]], [[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]]
+    difference, low, high = bootstrap_difference(spa, vanilla, resamples=300)
+    assert difference == pytest.approx(0.5 - (1 / 3 + 1 / 6) / 2) and low < difference < high
+    assert row[4] == signed_pct_with_interval(difference, (low, high)) + " (1 vs 2)"
+    assert row[3] == "+0.0 [+0.0, +0.0] (1 vs 2)"  # the same start, level by level
+    assert row[5] == "- |"  # two samples a level: no Pass@8
+    moved = final("van22", "vanilla", (0, 1, 0), before="eval_bootstrap")
+    (eval_dir(moved["dir"], "eval_final", "base") / "levels.json").write_text(json.dumps(
+        {"env": "frozenlake", "env_config": {}, "levels": {"7": [True, False]}}))
+    assert difference_table(group_runs(runs[:1] + [moved]), resamples=50).splitlines()[2].split(" | ")[4] == "-"

@@ -206,6 +206,41 @@ def bootstrap_interval(per_seed: list[list[float]], resamples: int = 10_000, see
     return float(np.mean([v.mean() for v in values])), float(low), float(high)
 
 
+def bootstrap_difference(first: list[list[float]], second: list[list[float]], resamples: int = 10_000,
+                         seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """``(difference, low, high)``: the mean over ``first``'s seeds minus the mean over
+    ``second``'s (each a mean over levels, as in :func:`bootstrap_interval`), with a
+    percentile bootstrap interval.
+
+    ``first[s][l]`` and ``second[t][l]`` score the same level ``l``: two groups of runs
+    evaluated on one set of levels. Each replicate draws the levels once, with replacement,
+    for every run of both groups (the levels are shared, so a level both groups find hard
+    cancels out), and each group's seeds with replacement, independently (the training seeds
+    of two recipes are unrelated); the interval is the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` percentiles of the replicates' differences. With few seeds per
+    group the interval is too narrow rather than too wide: three seeds cannot show how far a
+    fourth might fall.
+    """
+    if not first or not second:
+        raise ValueError("bootstrap_difference needs at least one seed in each group")
+    counts = {len(levels) for levels in first + second}
+    if len(counts) != 1 or 0 in counts:
+        raise ValueError(f"bootstrap_difference needs the same levels in every run; got level counts {sorted(counts)}")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"bootstrap_difference needs resamples >= 1 and 0 < level < 1; got {resamples}, {level}")
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)  # (seeds, levels)
+    levels = rng.integers(a.shape[1], size=(resamples, a.shape[1]))
+    a_means, b_means = a[:, levels].mean(axis=2), b[:, levels].mean(axis=2)  # (seeds, resamples)
+    pick_a = rng.integers(len(a), size=(resamples, len(a)))
+    pick_b = rng.integers(len(b), size=(resamples, len(b)))
+    rows = np.arange(resamples)[:, None]
+    replicates = a_means.T[rows, pick_a].mean(axis=1) - b_means.T[rows, pick_b].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(replicates, [tail, 100 - tail])
+    return float(a.mean() - b.mean()), float(low), float(high)
+
+
 def pct_with_interval(value: float | None, interval=None) -> str:
     """A rate in percent with its interval in brackets, ``21.3 [17.0, 25.6]``; the number
     alone without an interval (metrics written before intervals existed), ``-`` without a value."""

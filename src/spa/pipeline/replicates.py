@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
-from spa.eval.metrics import bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
-from spa.eval.paired import LEVELS, read_levels  # noqa: E402
+from spa.eval.metrics import bootstrap_difference, bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
+from spa.eval.paired import LEVELS, read_levels, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
 
@@ -81,21 +81,29 @@ def model_eval(run: dict, stages: tuple[str, ...], mode: str | None) -> tuple[st
 
 def level_counts(trajectories: str | Path) -> tuple[tuple[int, int], ...] | None:
     """``(samples, successes)`` of each level in an evaluation's ``trajectories.jsonl``, or
-    in the ``levels.json`` beside it (an archived run); None when neither is there. Read
-    once per version of the file: the table and the plot both need it, and a file of
-    128 x 8 episodes takes a while to parse."""
+    in the ``levels.json`` beside it (an archived run); None when neither is there."""
+    table = level_table(trajectories)
+    return None if table is None else tuple(table[1].values())
+
+
+def level_table(trajectories: str | Path) -> tuple[dict, dict[int, tuple[int, int]]] | None:
+    """``(played, {level seed: (samples, successes)})`` of an evaluation (``played``: the
+    environment and its options), as :func:`level_counts` finds it. Read once per version
+    of the file: the tables and the plot all need it, and a file of 128 x 8 episodes takes
+    a while to parse."""
     path = Path(trajectories)
     if not path.is_file():
         path = path.with_name(LEVELS)
         if not path.is_file():
             return None
     stat = path.stat()
-    return _level_counts(str(path.parent), stat.st_mtime_ns, stat.st_size)
+    return _level_table(str(path.parent), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
-def _level_counts(folder: str, _mtime_ns: int, _size: int) -> tuple[tuple[int, int], ...]:
-    return tuple((len(outcomes), sum(outcomes)) for outcomes in read_levels(folder)[1].values())
+def _level_table(folder: str, _mtime_ns: int, _size: int) -> tuple[dict, dict[int, tuple[int, int]]]:
+    played, levels = read_levels(folder)
+    return played, {seed: (len(outcomes), sum(outcomes)) for seed, outcomes in levels.items()}
 
 
 def trajectories_path(run: dict, stage: str, mode: str) -> Path:
@@ -140,6 +148,62 @@ def group_cell(group: list[dict], stages: tuple[str, ...], k: int, resamples: in
         return pct_with_interval(sum(m["pass_at_k"][name] for _, _, m in found) / len(found)) + suffix
     centre, low, high = bootstrap_interval(levels, resamples=resamples)
     return pct_with_interval(centre, (low, high)) + suffix
+
+
+def group_levels(group: list[dict], stages: tuple[str, ...], k: int) -> tuple[str, list[list[float]]] | None:
+    """What one evaluated model of a group played, and Pass@k per level for each run that
+    evaluated it (levels in seed order): ``(played, scores)``, ``played`` the environment,
+    its options and the level seeds as JSON. None when no run has per-level results, or
+    when its runs played different levels or too few samples for ``k``."""
+    played, scores = set(), []
+    for run in group:
+        hit = model_eval(run, stages, final_mode(run))
+        table = level_table(trajectories_path(run, hit[0], final_mode(run))) if hit else None
+        if table is None:
+            continue
+        env, levels = table
+        if min(n for n, _ in levels.values()) < k:
+            return None
+        played.add(json.dumps({**env, "levels": sorted(levels)}, sort_keys=True))
+        scores.append([pass_at_k(*levels[seed], k) for seed in sorted(levels)])
+    return (played.pop(), scores) if len(played) == 1 else None
+
+
+def difference_cell(group: list[dict], reference: list[dict], stages: tuple[str, ...], k: int,
+                    resamples: int) -> str:
+    """Pass@k of one evaluated model, ``group`` minus ``reference`` in points, with the 95%
+    interval of :func:`spa.eval.metrics.bootstrap_difference`; ``-`` unless both groups
+    evaluated it on the same levels."""
+    ours, theirs = group_levels(group, stages, k), group_levels(reference, stages, k)
+    if ours is None or theirs is None or ours[0] != theirs[0]:
+        return "-"
+    difference, low, high = bootstrap_difference(ours[1], theirs[1], resamples=resamples)
+    return signed_pct_with_interval(difference, (low, high)) + f" ({len(ours[1])} vs {len(theirs[1])})"
+
+
+def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None:
+    """Each group against plain RL: the vanilla group of the same environment and RL stage
+    (``rl``), Pass@1 before RL and Pass@1 / Pass@8 of the final model; None without such pairs."""
+    rows = []
+    for i, group in enumerate(groups, 1):
+        method, env = _summary(group[0])
+        reference = next((j for j, other in enumerate(groups, 1) if other is not group
+                          and _summary(other[0]) == ("vanilla", env)
+                          and _setting(other[0], "rl") == _setting(group[0], "rl")), None)
+        if method == "vanilla" or reference is None:
+            continue
+        cells = [difference_cell(group, groups[reference - 1], stages, k, resamples)
+                 for stages, k in ((BEFORE_RL, 1), (("eval_final",), 1), (("eval_final",), 8))]
+        rows.append(f"| G{i} ({method}) | G{reference} | {env} | " + " | ".join(cells) + " |")
+    if not rows:
+        return None
+    return "\n".join(["| group | minus | env | before RL Pass@1 | final Pass@1 | final Pass@8 |",
+                      "|---|---|---|---:|---:|---:|", *rows])
+
+
+def _setting(run: dict, key: str):
+    """A (dotted) key of the run's saved recipe; None when it is not there."""
+    return _flatten(yaml.safe_load(run["config"] or "") or {}).get(key)
 
 
 def _summary(run: dict) -> tuple[str, str]:

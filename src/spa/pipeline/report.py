@@ -22,8 +22,8 @@ from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
-from spa.pipeline.replicates import (SEED_KEYS, final_mode, group_runs, group_table, model_eval,  # noqa: E402
-                                     plot_passk, trajectories_path)
+from spa.pipeline.replicates import (SEED_KEYS, difference_table, final_mode, group_runs, group_table,  # noqa: E402
+                                     model_eval, plot_passk, trajectories_path)
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",
@@ -274,8 +274,15 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                   "as above. `(n=...)`: fewer runs than the group's reached that evaluation. `passk.png`: Pass@k "
                   "against k per group, for the base model (dotted), the model before RL (dashed) and the final "
                   "model (solid).")
+    against = difference_table(groups, resamples)
+    against_note = ("Each group minus the vanilla group of the same environment and RL stage, in points of Pass@k, "
+                    "on the same levels: a 95% percentile bootstrap interval that draws the levels once for both "
+                    "groups and each group's seeds independently (`spa.eval.metrics.bootstrap_difference`); "
+                    "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
+                    "interval too narrow, not too wide.")
+    sections = ["## Against plain RL", "", against, "", against_note, ""] if against else []
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
-                      "", group_note, "", "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
+                      "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
 
 
