@@ -48,7 +48,8 @@ def test_leaving_out_the_base_evaluation_does_not_split_a_group():
     assert [[r["name"] for r in g] for g in group_runs([run("a"), skipped])] == [["a", "b"]]
 
 
-def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[tuple[str, str], dict]) -> dict:
+def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[tuple[str, str], dict],
+              rl_options: str = "null") -> dict:
     """A run dict as ``report.load_run`` gives it, with ``levels.json`` per evaluation:
     ``evals[(stage, mode)] = {level seed: [success per sample]}``."""
     folder = tmp_path / name
@@ -56,7 +57,7 @@ def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[t
         out = eval_dir(folder, stage, mode)
         out.mkdir(parents=True)
         (out / "levels.json").write_text(json.dumps({"env": env, "env_config": {}, "levels": levels}))
-    config = f"method: {method}\nseed: {len(name)}\nenv: {{name: {env}}}\nrl: {rl}\n"
+    config = f"method: {method}\nseed: {len(name)}\nenv: {{name: {env}, options: {{}}, rl_options: {rl_options}}}\nrl: {rl}\n"
     return {"name": name, "dir": folder, "config": config, "evals": {key: {} for key in evals}}
 
 
@@ -64,19 +65,24 @@ def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
     def levels(*rates):  # two samples a level
         return {str(100 + i): [s < r for s in range(2)] for i, r in enumerate(rates)}
 
-    def final(name, method, rates, rl="iterate", env="frozenlake", before="eval_sft"):
+    def final(name, method, rates, rl="iterate", env="frozenlake", before="eval_sft", rl_options="null"):
         return evaluated(tmp_path, name, method, env, rl, {(before, "base"): levels(1, 0, 0),
-                                                            ("eval_final", "base"): levels(*rates)})
+                                                            ("eval_final", "base"): levels(*rates)}, rl_options)
 
     runs = [final("spa0", "spa", (2, 1, 0)), final("van0", "vanilla", (1, 1, 0), before="eval_bootstrap"),
             final("van11", "vanilla", (0, 1, 0), before="eval_bootstrap"),
-            final("spappo", "spa", (2, 2, 2), rl="ppo"), final("sok", "spa", (2, 2, 2), env="sokoban")]
+            final("spappo", "spa", (2, 2, 2), rl="ppo"), final("sok", "spa", (2, 2, 2), env="sokoban"),
+            final("spa6", "spa", (2, 2, 2), rl_options="{size: 6}"),
+            final("van6", "vanilla", (1, 1, 1), before="eval_bootstrap", rl_options="{size: 6}")]
     groups = group_runs(runs)
-    assert [[r["name"] for r in g] for g in groups] == [["spa0"], ["van0", "van11"], ["spappo"], ["sok"]]
+    assert [[r["name"] for r in g] for g in groups] == [["spa0"], ["van0", "van11"], ["spappo"], ["sok"], ["spa6"],
+                                                        ["van6"]]
     table = difference_table(groups, resamples=300).splitlines()
-    assert len(table) == 3  # no vanilla group with PPO, none on Sokoban: only G1 has a reference
+    # No vanilla group with PPO, none on Sokoban; the transfer group against its own vanilla group.
+    assert [line.split(" | ")[:2] for line in table[2:]] == [["| G1 (spa)", "G2"], ["| G5 (spa)", "G6"]]
+    assert table[3].split(" | ")[4] == "+50.0 [+50.0, +50.0] (1 vs 1)"
     row = table[2].split(" | ")
-    assert row[:3] == ["| G1 (spa)", "G2", "frozenlake"]
+    assert row[2] == "frozenlake"
     spa, vanilla = [[1.0, 0.5, 0.0]], [[0.5, 0.5, 0.0], [0.0, 0.5, 0.0]]
     difference, low, high = bootstrap_difference(spa, vanilla, resamples=300)
     assert difference == pytest.approx(0.5 - (1 / 3 + 1 / 6) / 2) and low < difference < high

@@ -182,14 +182,15 @@ def difference_cell(group: list[dict], reference: list[dict], stages: tuple[str,
 
 
 def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None:
-    """Each group against plain RL: the vanilla group of the same environment and RL stage
-    (``rl``), Pass@1 before RL and Pass@1 / Pass@8 of the final model; None without such pairs."""
+    """Each group against plain RL: the vanilla group that plays RL and its evaluations in
+    the same environment, with the same options, and has the same RL stage (``rl``); Pass@1
+    before RL and Pass@1 / Pass@8 of the final model. None without such pairs."""
     rows = []
     for i, group in enumerate(groups, 1):
         method, env = _summary(group[0])
         reference = next((j for j, other in enumerate(groups, 1) if other is not group
-                          and _summary(other[0]) == ("vanilla", env)
-                          and _setting(other[0], "rl") == _setting(group[0], "rl")), None)
+                          and _summary(other[0])[0] == "vanilla" and _rl_setting(other[0]) == _rl_setting(group[0])),
+                         None)
         if method == "vanilla" or reference is None:
             continue
         cells = [difference_cell(group, groups[reference - 1], stages, k, resamples)
@@ -201,9 +202,13 @@ def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str |
                       "|---|---|---|---:|---:|---:|", *rows])
 
 
-def _setting(run: dict, key: str):
-    """A (dotted) key of the run's saved recipe; None when it is not there."""
-    return _flatten(yaml.safe_load(run["config"] or "") or {}).get(key)
+def _rl_setting(run: dict) -> tuple[str, str, str]:
+    """The environment, its options and the RL stage of the run's RL and evaluations, as
+    its saved recipe names them (``env.rl_options`` when set: a transfer recipe)."""
+    data = yaml.safe_load(run["config"] or "") or {}
+    env = data.get("env") or {}
+    options = env.get("rl_options") if env.get("rl_options") is not None else env.get("options") or {}
+    return str(env.get("name")), json.dumps(options, sort_keys=True), str(data.get("rl", "ppo"))
 
 
 def _summary(run: dict) -> tuple[str, str]:
