@@ -17,8 +17,9 @@
 # run on both cores for evaluation, 1.07x for SFT, Zen 4). Every `spa run` resumes where it
 # stopped, so the same command after an interruption goes on; a run archived as finished
 # is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
-# finished run is archived into results/runs (spa archive); at the end results/comparison
-# holds spa compare's table.
+# finished run is archived into results/runs (spa archive, 200 kB) and its run folder
+# (2-4 GB of checkpoints; about 40 of them would not fit on a 64 GB disk) removed, unless
+# KEEP_RUNS=1. At the end results/comparison holds spa compare's table.
 set -u
 cd "$(dirname "$0")/.."
 SPA=${SPA:-.venv/bin/spa}
@@ -38,7 +39,8 @@ cell() {  # cell GROUP METHOD SEED [VARIANT key=value ...]: configs/GROUP-METHOD
   # Archived and finished: done, even where its run folder is gone (a fresh machine).
   if grep -qs '"report"' "results/runs/$name-s$seed/stages.json"; then return 0; fi
   "$SPA" run "configs/$group-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
-    "$SPA" archive "runs/$name-s$seed" --out results/runs
+    "$SPA" archive "runs/$name-s$seed" --out results/runs &&
+    if [ -z "${KEEP_RUNS:-}" ]; then rm -rf "runs/$name-s$seed"; fi
 }
 
 # SPA's rounds in the world-model prompt: answers of ~130 tokens instead of ~20.

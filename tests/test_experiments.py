@@ -83,26 +83,33 @@ def test_main_adds_the_chance_column_on_the_lake(filters, tmp_path, capsys):
 COMPARISON = Path(__file__).parent.parent / "experiments" / "comparison.sh"
 
 
-def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = ()) -> list[list[str]]:
+def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (),
+                     env: dict | None = None) -> tuple[list[list[str]], list[str]]:
     """The spa commands experiments/comparison.sh issues, recorded by a stand-in for spa, in a
-    copy of the script's folder layout (``archived``: runs archived as finished before)."""
+    copy of the script's folder layout (``archived``: runs archived as finished before), and
+    the run folders left in ``runs/``."""
+    env = env or {}
     root = tmp_path / "project"
     (root / "experiments").mkdir(parents=True)
     shutil.copy(COMPARISON, root / "experiments")
     for name in archived:
         (root / "results" / "runs" / name).mkdir(parents=True)
         (root / "results" / "runs" / name / "stages.json").write_text('{"report": {}}')
-    fake = tmp_path / "spa"
-    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
+    fake = tmp_path / "spa"  # a run writes its folder, as spa run does
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
+                    'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; fi\n')
     fake.chmod(0o755)
     result = subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), *groups], capture_output=True,
-                            text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls")})
+                            text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls"),
+                                            **env})
     assert result.returncode == 0, result.stderr
-    return [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    left = sorted(p.name for p in (root / "runs").iterdir() if p.is_dir())
+    return [line.split() for line in (tmp_path / "calls").read_text().splitlines()], left
 
 
 def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_archives_it(tmp_path):
-    calls = comparison_calls(tmp_path, "sudoku", "frozenlake-transfer")
+    calls, left = comparison_calls(tmp_path, "sudoku", "frozenlake-transfer")
+    assert left == []  # archived, then removed
     runs = [c for c in calls if c[0] == "run"]
     names = {c[c.index("--name") + 1] for c in runs}
     assert names == {f"{g}-{m}-iterate-s{s}" for g in ("sudoku", "frozenlake-transfer") for m in ("spa", "vanilla")
@@ -116,8 +123,10 @@ def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_a
 
 
 def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
-    calls = comparison_calls(tmp_path, "frozenlake", archived=("frozenlake-spa-iterate-s0",))
+    calls, left = comparison_calls(tmp_path, "frozenlake", archived=("frozenlake-spa-iterate-s0",),
+                                   env={"KEEP_RUNS": "1"})
     runs = {c[c.index("--name") + 1]: c[1:c.index("--name")] for c in calls if c[0] == "run"}
+    assert left == sorted(runs)  # KEEP_RUNS: the run folders stay
     assert "frozenlake-spa-iterate-s0" not in runs and len(runs) == 3 * 5 - 1 + 4
     assert runs["frozenlake-rwml-iterate-s2"] == ["configs/frozenlake-rwml-iterate.yaml", "seed=2"]
     assert runs["frozenlake-spa-iterate-world_model-s1"] == [
