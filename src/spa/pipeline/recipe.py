@@ -85,7 +85,7 @@ class SelfPlaySection:
     samples: int = field(default=8, metadata={"help": "Episodes per seed."})
     max_new_tokens: int = field(default=400, metadata={"help": "New-token cap per turn."})
     states: str = field(default="ground_truth", metadata={"help": "ground_truth or self_belief (ablation)."})
-    exploration: str = field(default="self_play", metadata={"help": "self_play or random (ablation)."})
+    exploration: str = field(default="self_play", metadata={"help": "self_play, random (ablation) or oracle."})
     coords: str = field(default="true", metadata={"help": "true or random (ablation)."})
     bootstrap_episodes: int = field(default=0, metadata={
         "help": "Format bootstrap: > 0 first fine-tunes on this many random-exploration episodes, so a "
