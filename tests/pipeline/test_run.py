@@ -511,6 +511,8 @@ def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_
     before = json.loads((folder / "eval" / "bootstrap-base" / "metrics.json").read_text())
     assert row[6] == with_interval(before["pass_at_k"]["pass@1"], *before["pass_at_k_ci95"]["pass@1"])
     assert row[10] == rl_gain(folder, before="eval_bootstrap")
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "## Learning curves (expert iteration)" in table and (tmp_path / "cmp" / "rounds.png").is_file()
     assert "after the format bootstrap" in (folder / "report.md").read_text()
 
 

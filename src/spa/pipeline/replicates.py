@@ -127,27 +127,43 @@ def per_level(run: dict, stage: str, mode: str, k: int) -> list[float] | None:
 
 
 def group_cell(group: list[dict], stages: tuple[str, ...], k: int, resamples: int) -> str:
-    """Pass@k of one evaluated model over a group's runs: mean [95% interval].
+    """Pass@k of one evaluated model over a group's runs: :func:`replicate_cell` of the
+    first of ``stages`` each run evaluated."""
+    found = []
+    for run in group:
+        hit = model_eval(run, stages, final_mode(run))
+        if hit and f"pass@{k}" in hit[1].get("pass_at_k", {}):
+            found.append((hit[1], per_level(run, hit[0], final_mode(run), k)))
+    return replicate_cell(found, len(group), k, resamples)
+
+
+def replicate_cell(found: list[tuple[dict, list[float] | None]], runs: int, k: int, resamples: int) -> str:
+    """:func:`replicate_estimate` as ``mean [low, high]`` in percent; ``(n=...)`` marks a
+    cell that fewer than the group's ``runs`` reached (unfinished runs), ``-`` one none did."""
+    if not found:
+        return "-"
+    suffix = f" (n={len(found)})" if len(found) < runs else ""
+    return pct_with_interval(*replicate_estimate(found, k, resamples)) + suffix
+
+
+def replicate_estimate(found: list[tuple[dict, list[float] | None]], k: int,
+                       resamples: int) -> tuple[float, tuple[float, float] | None]:
+    """Pass@k of one evaluated model of a group and its 95% interval, from the
+    ``(metrics.json, per-level Pass@k or None)`` of each run that evaluated it.
 
     Several runs: :func:`spa.eval.metrics.bootstrap_interval` over seeds and levels. One
     run: its own number and per-level interval (normal approximation), as in the per-run
-    table. ``(n=...)`` marks a cell that fewer runs than the group's reached (unfinished
-    runs); runs without trajectories leave the mean alone, with no interval.
+    table. Runs without per-level results give the mean alone, with no interval.
     """
     name = f"pass@{k}"
-    found = [(run, hit) for run in group if (hit := model_eval(run, stages, final_mode(run)))]
-    found = [(run, stage, m) for run, (stage, m) in found if name in m.get("pass_at_k", {})]
-    if not found:
-        return "-"
-    suffix = f" (n={len(found)})" if len(found) < len(group) else ""
     if len(found) == 1:
-        _, _, m = found[0]
-        return pct_with_interval(m["pass_at_k"][name], m.get("pass_at_k_ci95", {}).get(name)) + suffix
-    levels = [per_level(run, stage, final_mode(run), k) for run, stage, _ in found]
-    if any(v is None for v in levels):
-        return pct_with_interval(sum(m["pass_at_k"][name] for _, _, m in found) / len(found)) + suffix
+        metrics = found[0][0]
+        return metrics["pass_at_k"][name], metrics.get("pass_at_k_ci95", {}).get(name)
+    levels = [scores for _, scores in found]
+    if any(scores is None for scores in levels):
+        return sum(m["pass_at_k"][name] for m, _ in found) / len(found), None
     centre, low, high = bootstrap_interval(levels, resamples=resamples)
-    return pct_with_interval(centre, (low, high)) + suffix
+    return centre, (low, high)
 
 
 def group_levels(group: list[dict], stages: tuple[str, ...], k: int) -> tuple[str, list[list[float]]] | None:
@@ -187,9 +203,9 @@ def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str |
     before RL and Pass@1 / Pass@8 of the final model. None without such pairs."""
     rows = []
     for i, group in enumerate(groups, 1):
-        method, env = _summary(group[0])
+        method, env = summary(group[0])
         reference = next((j for j, other in enumerate(groups, 1) if other is not group
-                          and _summary(other[0])[0] == "vanilla" and _rl_setting(other[0]) == _rl_setting(group[0])),
+                          and summary(other[0])[0] == "vanilla" and _rl_setting(other[0]) == _rl_setting(group[0])),
                          None)
         if method == "vanilla" or reference is None:
             continue
@@ -211,7 +227,8 @@ def _rl_setting(run: dict) -> tuple[str, str, str]:
     return str(env.get("name")), json.dumps(options, sort_keys=True), str(data.get("rl", "ppo"))
 
 
-def _summary(run: dict) -> tuple[str, str]:
+def summary(run: dict) -> tuple[str, str]:
+    """``(method, env name)`` of a run's saved recipe."""
     data = yaml.safe_load(run["config"] or "") or {}
     return str(data.get("method", "?")), str((data.get("env") or {}).get("name", "?"))
 
@@ -222,7 +239,7 @@ def group_table(groups: list[list[dict]], resamples: int = 10_000) -> str:
             "| before RL Pass@8 | final Pass@1 | final Pass@8 | runs |",
             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for i, group in enumerate(groups, 1):
-        method, env = _summary(group[0])
+        method, env = summary(group[0])
         distinct = len({seeds_of(run["config"]) for run in group})
         seeds = f"{len(group)}" + (f" ({distinct} distinct)" if distinct < len(group) else "")
         cells = [group_cell(group, stages, k, resamples) for _, stages in MODELS for k in (1, 8)]
@@ -262,7 +279,7 @@ def plot_passk(groups: list[list[dict]], path: Path) -> Path:
             curve = passk_curve(group, stages)
             if curve:  # the same style and colour for a model in every panel
                 ax.plot(range(1, len(curve) + 1), curve, style, color=color, marker="o", markersize=3, label=label)
-        method, env = _summary(group[0])
+        method, env = summary(group[0])
         ax.set_title(f"G{i}: {method} {env} ({len(group)} seed{'s' * (len(group) > 1)})", fontsize=9)
         ax.set_xlabel("k")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

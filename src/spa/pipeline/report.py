@@ -24,6 +24,7 @@ from spa.io import atomic_write_text  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.replicates import (SEED_KEYS, difference_table, final_mode, group_runs, group_table,  # noqa: E402
                                      model_eval, plot_passk, trajectories_path)
+from spa.pipeline.rounds import plot_rounds, round_table  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",
@@ -281,6 +282,13 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
                     "interval too narrow, not too wide.")
     sections = ["## Against plain RL", "", against, "", against_note, ""] if against else []
+    curves = round_table(groups, resamples)
+    if curves and plot_rounds(groups, out / "rounds.png"):
+        sections += ["## Learning curves (expert iteration)", "", curves, "",
+                     "Pass@1 in % after each round (round 0: the model RL starts from), mean over the runs that "
+                     "reached it with its 95% interval, as in the replicates table; best first action: the share "
+                     "of turns whose first action begins a shortest solution, mean over the runs.", "",
+                     "![rounds](rounds.png)", ""]
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)

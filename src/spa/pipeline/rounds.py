@@ -1,0 +1,91 @@
+"""Learning curves of expert iteration (``rl: iterate``) in ``spa compare``: Pass@1 after
+every round per group of replicate runs.
+
+A run's round ``r`` is evaluated in ``rl/round-r/eval`` (round 0: the model RL starts from)
+on the same levels as every other evaluation of the run, so the mean over seeds of each
+round's Pass@1, with its interval over seeds and levels, is the curve the comparison is
+about: whether, and how fast, each start learns from the same rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from spa.eval.metrics import pass_at_k  # noqa: E402
+from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, summary  # noqa: E402
+
+Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
+
+
+def round_eval(run: dict, round_: int) -> Evaluation | None:
+    """``(metrics.json, per-level Pass@1)`` of a run's round ``round_``; None when the run has
+    not evaluated it."""
+    folder = Path(run["dir"]) / "rl" / f"round-{round_}" / "eval"
+    if not (folder / "metrics.json").is_file():
+        return None
+    counts = level_counts(folder / "trajectories.jsonl")
+    return json.loads((folder / "metrics.json").read_text()), counts and [pass_at_k(n, c, 1) for n, c in counts]
+
+
+def group_rounds(group: list[dict]) -> list[list[Evaluation]]:
+    """Per round, from 0 to the last any run reached, the evaluations of the runs that
+    reached it; empty for a group without rounds (PPO, or no round evaluated yet)."""
+    last = max((int(path.parent.parent.name.removeprefix("round-")) for run in group
+                for path in Path(run["dir"]).glob("rl/round-*/eval/metrics.json")), default=-1)
+    return [[hit for run in group if (hit := round_eval(run, r))] for r in range(last + 1)]
+
+
+def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None:
+    """One row per group with rounds: Pass@1 after each round as mean [95% interval over
+    seeds and levels] (:func:`spa.pipeline.replicates.replicate_cell`), and the mean
+    best-first-action rate of the start and of the last round; None when no group has rounds."""
+    curves = {i: found for i, group in enumerate(groups, 1) if (found := group_rounds(group))}
+    if not curves:
+        return None
+    width = max(len(found) for found in curves.values())
+    rows = ["| group | method | env | seeds | " + " | ".join(f"round {r}" for r in range(width))
+            + " | best first action, start -> last |", "|---|---|---|---:|" + "---:|" * (width + 1)]
+    for i, found in curves.items():
+        group = groups[i - 1]
+        cells = [replicate_cell(hits, len(group), 1, resamples) for hits in found] + ["-"] * (width - len(found))
+        start, last = (sum(m.get("best_first_rate") or 0.0 for m, _ in hits) / len(hits) if hits else 0.0
+                       for hits in (found[0], found[-1]))
+        method, env = summary(group[0])
+        rows.append(f"| G{i} | {method} | {env} | {len(group)} | " + " | ".join(cells)
+                    + f" | {100 * start:.1f}% -> {100 * last:.1f}% |")
+    return "\n".join(rows)
+
+
+def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) -> Path | None:
+    """``rounds.png``: mean Pass@1 against round for each group with rounds, its 95% interval
+    over seeds and levels as a band; None when no group has rounds."""
+    curves = {i: found for i, group in enumerate(groups, 1) if (found := group_rounds(group))}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, found in curves.items():
+        rounds = [r for r, hits in enumerate(found) if hits]
+        points = [replicate_estimate(found[r], 1, resamples) for r in rounds]
+        method, env = summary(groups[i - 1][0])
+        seeds = len(groups[i - 1])
+        line, = ax.plot(rounds, [mean for mean, _ in points], marker="o",
+                        label=f"G{i}: {method} {env} ({seeds} seed{'s' * (seeds > 1)})")
+        low = [interval[0] if interval else mean for mean, interval in points]
+        high = [interval[1] if interval else mean for mean, interval in points]
+        ax.fill_between(rounds, low, high, alpha=0.15, color=line.get_color())
+    ax.set_xlabel("round (0: before RL)")
+    ax.set_ylabel("Pass@1")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

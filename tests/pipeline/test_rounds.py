@@ -1,0 +1,47 @@
+"""Expert-iteration learning curves per group of replicates in ``spa compare``."""
+
+import json
+
+from spa.eval.metrics import bootstrap_interval, pct_with_interval
+from spa.pipeline.replicates import group_runs
+from spa.pipeline.rounds import group_rounds, plot_rounds, round_table
+
+
+def run_with_rounds(tmp_path, name: str, seed: int, rounds: list[list[int]], method: str = "spa") -> dict:
+    """A run dict whose round ``r`` succeeded ``rounds[r][l]`` of 2 samples on level ``l``."""
+    folder = tmp_path / name
+    for r, wins in enumerate(rounds):
+        out = folder / "rl" / f"round-{r}" / "eval"
+        out.mkdir(parents=True)
+        levels = {str(100 + level): [s < w for s in range(2)] for level, w in enumerate(wins)}
+        (out / "levels.json").write_text(json.dumps({"env": "frozenlake", "env_config": {}, "levels": levels}))
+        rate = sum(wins) / (2 * len(wins))
+        (out / "metrics.json").write_text(json.dumps({"pass_at_k": {"pass@1": rate}, "best_first_rate": 0.1 * r,
+                                                      "pass_at_k_ci95": {"pass@1": [rate - 0.1, rate + 0.1]}}))
+    config = f"method: {method}\nseed: {seed}\nenv: {{name: frozenlake}}\nrl: iterate\n"
+    return {"name": name, "dir": folder, "config": config}
+
+
+def test_round_table_pools_the_seeds_of_each_round(tmp_path):
+    runs = [run_with_rounds(tmp_path, "a", 0, [[0, 1, 2], [1, 1, 2], [2, 2, 2]]),
+            run_with_rounds(tmp_path, "b", 1, [[0, 0, 2], [2, 1, 2]]),  # one round behind
+            {"name": "ppo", "dir": tmp_path / "ppo", "config": "method: vanilla\nseed: 0\nrl: ppo\n"}]
+    groups = group_runs(runs)
+    assert [len(found) for found in map(group_rounds, groups)] == [3, 0]
+    rows = round_table(groups, resamples=400).splitlines()
+    assert rows[0].startswith("| group | method | env | seeds | round 0 | round 1 | round 2 |")
+    assert len(rows) == 3  # the PPO group has no rounds
+    cells = rows[2].split(" | ")
+    for r, column in ((0, 4), (1, 5)):
+        a = [w / 2 for w in ([0, 1, 2], [1, 1, 2])[r]]
+        b = [w / 2 for w in ([0, 0, 2], [2, 1, 2])[r]]
+        mean, low, high = bootstrap_interval([a, b], resamples=400)
+        assert low < mean < high and cells[column] == pct_with_interval(mean, (low, high))
+    assert cells[6] == "100.0 [90.0, 110.0] (n=1)"  # only run a reached round 2: its own interval
+    assert cells[7] == "0.0% -> 20.0% |"  # best first action at round 0 and at the last round
+    assert plot_rounds(groups, tmp_path / "rounds.png").stat().st_size > 1000
+
+
+def test_no_rounds_no_table(tmp_path):
+    groups = group_runs([{"name": "ppo", "dir": tmp_path / "ppo", "config": "method: spa\nrl: ppo\n"}])
+    assert round_table(groups) is None and plot_rounds(groups, tmp_path / "rounds.png") is None
