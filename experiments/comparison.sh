@@ -6,12 +6,13 @@
 #   experiments/comparison.sh [GROUP ...]   # default: frozenlake
 #
 # GROUP is one of
-#   frozenlake, sokoban   vanilla, state estimation and SPA (seeds 0-2), the paper's four SPA
-#                         ablations (seed 0), then RWML and SPA playing its rounds in the
-#                         world-model prompt (seeds 0-2);
-#   sudoku                vanilla and SPA on Sudoku 4x4 (seeds 0-2);
-#   frozenlake-transfer   vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6
-#                         (seeds 0-2).
+#   frozenlake, sokoban     vanilla, state estimation and SPA, seeds 0-2 (the table's core);
+#   ENV-ablations           the paper's four SPA ablations on ENV (frozenlake or sokoban), seed 0;
+#   ENV-rows                RWML, and SPA playing its rounds in the world-model prompt, seeds 0-2;
+#   sudoku                  vanilla and SPA on Sudoku 4x4, seeds 0-2;
+#   frozenlake-transfer     vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6,
+#                           seeds 0-2.
+# Groups run one after the other, in the order given.
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
 # run on both cores for evaluation, 1.07x for SFT, Zen 4). Every `spa run` resumes where it
@@ -24,21 +25,22 @@ set -u
 cd "$(dirname "$0")/.."
 SPA=${SPA:-.venv/bin/spa}
 groups=("${@:-frozenlake}")
+valid="frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer"
 for group in "${groups[@]}"; do
-  case $group in
-    frozenlake | sokoban | sudoku | frozenlake-transfer) ;;
-    *) echo "unknown group '$group'; valid: frozenlake, sokoban, sudoku, frozenlake-transfer" >&2; exit 2 ;;
+  case ", $valid, " in
+    *", $group, "*) ;;
+    *) echo "unknown group '$group'; valid: $valid" >&2; exit 2 ;;
   esac
 done
 mkdir -p runs results/runs
 
-cell() {  # cell GROUP METHOD SEED [VARIANT key=value ...]: configs/GROUP-METHOD-iterate.yaml
-  local group=$1 method=$2 seed=$3 name="$1-$2-iterate"
+cell() {  # cell PREFIX METHOD SEED [VARIANT key=value ...]: configs/PREFIX-METHOD-iterate.yaml
+  local prefix=$1 method=$2 seed=$3 name="$1-$2-iterate"
   shift 3
   if [ $# -gt 0 ]; then name="$name-$1"; shift; fi
   # Archived and finished: done, even where its run folder is gone (a fresh machine).
   if grep -qs '"report"' "results/runs/$name-s$seed/stages.json"; then return 0; fi
-  "$SPA" run "configs/$group-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
+  "$SPA" run "configs/$prefix-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
     "$SPA" archive "runs/$name-s$seed" --out results/runs &&
     if [ -z "${KEEP_RUNS:-}" ]; then rm -rf "runs/$name-s$seed"; fi
 }
@@ -47,23 +49,24 @@ cell() {  # cell GROUP METHOD SEED [VARIANT key=value ...]: configs/GROUP-METHOD
 WORLD_MODEL=(world_model prompt.mode=world_model iterate.max_new_tokens=200 eval.max_new_tokens=200)
 
 lane() {  # lane GROUP 1|2: that lane's cells, in order (lane 1 holds the longer SPA runs)
-  local g=$1 seed
-  case $g:$2 in
-    frozenlake:1 | sokoban:1)
-      for seed in 0 1 2; do cell "$g" spa "$seed"; done
-      cell "$g" spa 0 self_belief selfplay.states=self_belief
-      cell "$g" spa 0 random_exploration selfplay.exploration=random
-      for seed in 0 1 2; do cell "$g" spa "$seed" "${WORLD_MODEL[@]}"; done ;;
+  local env=${1%%-*} seed
+  case $1:$2 in
+    frozenlake:1 | sokoban:1) for seed in 0 1 2; do cell "$env" spa "$seed"; done ;;
     frozenlake:2 | sokoban:2)
-      for seed in 0 1; do cell "$g" vanilla "$seed"; done
-      cell "$g" state_estimation 0
-      cell "$g" vanilla 2
-      for seed in 1 2; do cell "$g" state_estimation "$seed"; done
-      cell "$g" spa 0 random_coords selfplay.coords=random
-      cell "$g" spa 0 masked_states sft.mask_states=true
-      for seed in 0 1 2; do cell "$g" rwml "$seed"; done ;;
-    *:1) for seed in 0 1 2; do cell "$g" spa "$seed"; done ;;
-    *:2) for seed in 0 1 2; do cell "$g" vanilla "$seed"; done ;;
+      for seed in 0 1; do cell "$env" vanilla "$seed"; done
+      cell "$env" state_estimation 0
+      cell "$env" vanilla 2
+      for seed in 1 2; do cell "$env" state_estimation "$seed"; done ;;
+    *-ablations:1)
+      cell "$env" spa 0 self_belief selfplay.states=self_belief
+      cell "$env" spa 0 random_exploration selfplay.exploration=random ;;
+    *-ablations:2)
+      cell "$env" spa 0 random_coords selfplay.coords=random
+      cell "$env" spa 0 masked_states sft.mask_states=true ;;
+    *-rows:1) for seed in 0 1 2; do cell "$env" spa "$seed" "${WORLD_MODEL[@]}"; done ;;
+    *-rows:2) for seed in 0 1 2; do cell "$env" rwml "$seed"; done ;;
+    *:1) for seed in 0 1 2; do cell "$1" spa "$seed"; done ;;  # sudoku, frozenlake-transfer
+    *:2) for seed in 0 1 2; do cell "$1" vanilla "$seed"; done ;;
   esac
 }
 

@@ -114,8 +114,12 @@ def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_a
     names = {c[c.index("--name") + 1] for c in runs}
     assert names == {f"{g}-{m}-iterate-s{s}" for g in ("sudoku", "frozenlake-transfer") for m in ("spa", "vanilla")
                      for s in range(3)}
-    for c in runs:
+    every, _ = comparison_calls(tmp_path / "all", "frozenlake", "sokoban", "frozenlake-ablations", "sokoban-ablations",
+                                "frozenlake-rows", "sokoban-rows", "sudoku", "frozenlake-transfer")
+    assert len([c for c in every if c[0] == "run"]) == 2 * (9 + 4 + 6) + 6 + 6
+    for c in [c for c in every if c[0] == "run"]:
         assert (COMPARISON.parent.parent / c[1]).is_file(), c[1]  # the recipe exists
+        assert c[c.index("--name") + 1].startswith(c[1].removeprefix("configs/").removesuffix(".yaml"))
         assert c[2] == f"seed={c[c.index('--name') + 1][-1]}"
     archives = [c for c in calls if c[0] == "archive"]
     assert sorted(c[1] for c in archives) == sorted(f"runs/{name}" for name in names)
@@ -123,11 +127,13 @@ def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_a
 
 
 def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
-    calls, left = comparison_calls(tmp_path, "frozenlake", archived=("frozenlake-spa-iterate-s0",),
-                                   env={"KEEP_RUNS": "1"})
+    calls, left = comparison_calls(tmp_path, "frozenlake", "frozenlake-ablations", "frozenlake-rows",
+                                   archived=("frozenlake-spa-iterate-s0",), env={"KEEP_RUNS": "1"})
     runs = {c[c.index("--name") + 1]: c[1:c.index("--name")] for c in calls if c[0] == "run"}
     assert left == sorted(runs)  # KEEP_RUNS: the run folders stay
-    assert "frozenlake-spa-iterate-s0" not in runs and len(runs) == 3 * 5 - 1 + 4
+    core = {f"frozenlake-{m}-iterate-s{s}" for m in ("vanilla", "state_estimation", "spa") for s in range(3)}
+    assert set(list(runs)[:8]) == core - {"frozenlake-spa-iterate-s0"}  # the core first: groups run in order
+    assert len(runs) == 8 + 4 + 6
     assert runs["frozenlake-rwml-iterate-s2"] == ["configs/frozenlake-rwml-iterate.yaml", "seed=2"]
     assert runs["frozenlake-spa-iterate-world_model-s1"] == [
         "configs/frozenlake-spa-iterate.yaml", "seed=1", "prompt.mode=world_model", "iterate.max_new_tokens=200",
@@ -138,4 +144,5 @@ def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
 def test_the_comparison_names_the_groups_it_knows(tmp_path):
     result = subprocess.run(["bash", str(COMPARISON), "frozen"], capture_output=True, text=True)
     assert result.returncode == 2
-    assert "unknown group 'frozen'; valid: frozenlake, sokoban, sudoku, frozenlake-transfer" in result.stderr
+    assert ("unknown group 'frozen'; valid: frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, "
+            "frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer") in result.stderr
