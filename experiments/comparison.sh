@@ -15,9 +15,10 @@
 # Groups run one after the other, in the order given.
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
-# run on both cores for evaluation, 1.07x for SFT, Zen 4). Every `spa run` resumes where it
-# stopped, so the same command after an interruption goes on; a run archived as finished
-# is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
+# run on both cores for evaluation, 1.07x for SFT, Zen 4), each taking the group's next
+# cell that the other has not claimed, so neither idles while cells remain. Every `spa run`
+# resumes where it stopped, so the same command after an interruption goes on; a run
+# archived as finished is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
 # finished run is archived into results/runs (spa archive, 200 kB) and its run folder
 # (2-4 GB of checkpoints; about 40 of them would not fit on a 64 GB disk) removed, unless
 # KEEP_RUNS=1. At the end results/comparison holds spa compare's table.
@@ -34,46 +35,56 @@ for group in "${groups[@]}"; do
 done
 mkdir -p runs results/runs
 
+name_of() {  # name_of PREFIX METHOD SEED [VARIANT ...]: the cell's run name
+  local name="$1-$2-iterate"
+  if [ $# -gt 3 ]; then name="$name-$4"; fi
+  echo "$name-s$3"
+}
+
 cell() {  # cell PREFIX METHOD SEED [VARIANT key=value ...]: configs/PREFIX-METHOD-iterate.yaml
-  local prefix=$1 method=$2 seed=$3 name="$1-$2-iterate"
+  local name recipe="configs/$1-$2-iterate.yaml" seed=$3
+  name=$(name_of "$@")
   shift 3
-  if [ $# -gt 0 ]; then name="$name-$1"; shift; fi
+  if [ $# -gt 0 ]; then shift; fi
   # Archived and finished: done, even where its run folder is gone (a fresh machine).
-  if grep -qs '"report"' "results/runs/$name-s$seed/stages.json"; then return 0; fi
-  "$SPA" run "configs/$prefix-$method-iterate.yaml" "seed=$seed" "$@" --name "$name-s$seed" &&
-    "$SPA" archive "runs/$name-s$seed" --out results/runs &&
-    if [ -z "${KEEP_RUNS:-}" ]; then rm -rf "runs/$name-s$seed"; fi
+  if grep -qs '"report"' "results/runs/$name/stages.json"; then return 0; fi
+  "$SPA" run "$recipe" "seed=$seed" "$@" --name "$name" &&
+    "$SPA" archive "runs/$name" --out results/runs &&
+    if [ -z "${KEEP_RUNS:-}" ]; then rm -rf "runs/$name"; fi
 }
 
 # SPA's rounds in the world-model prompt: answers of ~130 tokens instead of ~20.
-WORLD_MODEL=(world_model prompt.mode=world_model iterate.max_new_tokens=200 eval.max_new_tokens=200)
+WORLD_MODEL="world_model prompt.mode=world_model iterate.max_new_tokens=200 eval.max_new_tokens=200"
 
-lane() {  # lane GROUP 1|2: that lane's cells, in order (lane 1 holds the longer SPA runs)
-  local env=${1%%-*} seed
-  case $1:$2 in
-    frozenlake:1 | sokoban:1) for seed in 0 1 2; do cell "$env" spa "$seed"; done ;;
-    frozenlake:2 | sokoban:2)
-      for seed in 0 1; do cell "$env" vanilla "$seed"; done
-      cell "$env" state_estimation 0
-      cell "$env" vanilla 2
-      for seed in 1 2; do cell "$env" state_estimation "$seed"; done ;;
-    *-ablations:1)
-      cell "$env" spa 0 self_belief selfplay.states=self_belief
-      cell "$env" spa 0 random_exploration selfplay.exploration=random ;;
-    *-ablations:2)
-      cell "$env" spa 0 random_coords selfplay.coords=random
-      cell "$env" spa 0 masked_states sft.mask_states=true ;;
-    *-rows:1) for seed in 0 1 2; do cell "$env" spa "$seed" "${WORLD_MODEL[@]}"; done ;;
-    *-rows:2) for seed in 0 1 2; do cell "$env" rwml "$seed"; done ;;
-    *:1) for seed in 0 1 2; do cell "$1" spa "$seed"; done ;;  # sudoku, frozenlake-transfer
-    *:2) for seed in 0 1 2; do cell "$1" vanilla "$seed"; done ;;
+cells() {  # cells GROUP: one line per cell, "PREFIX METHOD SEED [VARIANT key=value ...]"
+  local env=${1%%-*} seed  # seed 0 of every method first, the longer SPA runs first in a seed
+  case $1 in
+    frozenlake | sokoban)
+      for seed in 0 1 2; do printf '%s\n' "$env spa $seed" "$env vanilla $seed" "$env state_estimation $seed"; done ;;
+    *-ablations)
+      printf '%s\n' "$env spa 0 self_belief selfplay.states=self_belief" \
+        "$env spa 0 random_exploration selfplay.exploration=random" \
+        "$env spa 0 random_coords selfplay.coords=random" "$env spa 0 masked_states sft.mask_states=true" ;;
+    *-rows) for seed in 0 1 2; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env rwml $seed"; done ;;
+    *) for seed in 0 1 2; do printf '%s\n' "$1 spa $seed" "$1 vanilla $seed"; done ;;  # sudoku, the transfer
   esac
 }
 
+lane() {  # lane GROUP: run the group's cells in order, each one a lane claims first
+  local line
+  cells "$1" | while read -r line; do
+    # shellcheck disable=SC2086  # a cell's words are its arguments
+    mkdir "runs/.claimed/$(name_of $line)" 2>/dev/null && cell $line < /dev/null  # stdin: the cell list
+  done
+}
+
+rm -rf runs/.claimed  # claims of an interrupted earlier invocation
 for group in "${groups[@]}"; do
+  mkdir -p runs/.claimed
   for n in 1 2; do
-    (export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; lane "$group" "$n") > "runs/comparison-$group-lane$n.log" 2>&1 &
+    (export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; lane "$group") > "runs/comparison-$group-lane$n.log" 2>&1 &
   done
   wait
 done
+rm -rf runs/.claimed
 "$SPA" compare results/runs/* --out results/comparison

@@ -97,7 +97,7 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
         (root / "results" / "runs" / name / "stages.json").write_text('{"report": {}}')
     fake = tmp_path / "spa"  # a run writes its folder, as spa run does
     fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
-                    'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; fi\n')
+                    'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; sleep 0.02; fi\n')
     fake.chmod(0o755)
     result = subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), *groups], capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls"),
@@ -110,20 +110,25 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
 def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_archives_it(tmp_path):
     calls, left = comparison_calls(tmp_path, "sudoku", "frozenlake-transfer")
     assert left == []  # archived, then removed
-    runs = [c for c in calls if c[0] == "run"]
-    names = {c[c.index("--name") + 1] for c in runs}
+    names = {c[c.index("--name") + 1] for c in calls if c[0] == "run"}
     assert names == {f"{g}-{m}-iterate-s{s}" for g in ("sudoku", "frozenlake-transfer") for m in ("spa", "vanilla")
                      for s in range(3)}
-    every, _ = comparison_calls(tmp_path / "all", "frozenlake", "sokoban", "frozenlake-ablations", "sokoban-ablations",
+    assert sorted(c[1] for c in calls if c[0] == "archive") == sorted(f"runs/{name}" for name in names)
+    assert calls[-1] == ["compare", "results/runs/*", "--out", "results/comparison"]  # none archived: the glob stays
+
+
+def test_two_lanes_run_every_cell_of_every_group_once_from_its_recipe(tmp_path):
+    calls, _ = comparison_calls(tmp_path, "frozenlake", "sokoban", "frozenlake-ablations", "sokoban-ablations",
                                 "frozenlake-rows", "sokoban-rows", "sudoku", "frozenlake-transfer")
-    assert len([c for c in every if c[0] == "run"]) == 2 * (9 + 4 + 6) + 6 + 6
-    for c in [c for c in every if c[0] == "run"]:
+    runs = [c for c in calls if c[0] == "run"]
+    names = [c[c.index("--name") + 1] for c in runs]
+    assert len(names) == len(set(names)) == 2 * (9 + 4 + 6) + 6 + 6  # each claimed by one lane
+    for c in runs:
         assert (COMPARISON.parent.parent / c[1]).is_file(), c[1]  # the recipe exists
         assert c[c.index("--name") + 1].startswith(c[1].removeprefix("configs/").removesuffix(".yaml"))
         assert c[2] == f"seed={c[c.index('--name') + 1][-1]}"
-    archives = [c for c in calls if c[0] == "archive"]
-    assert sorted(c[1] for c in archives) == sorted(f"runs/{name}" for name in names)
-    assert calls[-1] == ["compare", "results/runs/*", "--out", "results/comparison"]  # none archived: the glob stays
+    logs = sorted(p.name for p in (tmp_path / "project" / "runs").glob("comparison-sudoku-lane*.log"))
+    assert logs == ["comparison-sudoku-lane1.log", "comparison-sudoku-lane2.log"]
 
 
 def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
