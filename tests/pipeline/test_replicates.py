@@ -57,7 +57,8 @@ def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[t
         out = eval_dir(folder, stage, mode)
         out.mkdir(parents=True)
         (out / "levels.json").write_text(json.dumps({"env": env, "env_config": {}, "levels": levels}))
-    config = f"method: {method}\nseed: {len(name)}\nenv: {{name: {env}, options: {{}}, rl_options: {rl_options}}}\nrl: {rl}\n"
+    config = (f"method: {method}\nseed: {len(name)}\nrl: {rl}\n"
+              f"env: {{name: {env}, options: {{}}, rl_options: {rl_options}}}\n")
     return {"name": name, "dir": folder, "config": config, "evals": {key: {} for key in evals}}
 
 

@@ -1,7 +1,11 @@
 """Expert-iteration learning curves per group of replicates in ``spa compare``."""
 
 import json
+from dataclasses import asdict, replace
 
+from spa.agent.prompts import PromptConfig
+from spa.eval.baselines import evaluate_policy
+from spa.eval.evaluate import EvalConfig
 from spa.eval.metrics import bootstrap_interval, pct_with_interval
 from spa.pipeline.replicates import group_runs
 from spa.pipeline.rounds import group_rounds, plot_rounds, round_table
@@ -38,10 +42,21 @@ def test_round_table_pools_the_seeds_of_each_round(tmp_path):
         mean, low, high = bootstrap_interval([a, b], resamples=400)
         assert low < mean < high and cells[column] == pct_with_interval(mean, (low, high))
     assert cells[6] == "100.0 [90.0, 110.0] (n=1)"  # only run a reached round 2: its own interval
-    assert cells[7] == "0.0% -> 20.0% |"  # best first action at round 0 and at the last round
+    assert cells[7:] == ["0.0% -> 20.0%", "- |"]  # best first action at round 0 and the last; no settings recorded
     assert plot_rounds(groups, tmp_path / "rounds.png").stat().st_size > 1000
 
 
 def test_no_rounds_no_table(tmp_path):
     groups = group_runs([{"name": "ppo", "dir": tmp_path / "ppo", "config": "method: spa\nrl: ppo\n"}])
     assert round_table(groups) is None and plot_rounds(groups, tmp_path / "rounds.png") is None
+
+
+def test_the_curves_stand_beside_random_valid_actions_on_the_same_levels(tmp_path):
+    run = run_with_rounds(tmp_path, "a", 0, [[0, 1, 2], [2, 2, 2]])
+    settings = EvalConfig("frozenlake", {}, PromptConfig("base", 5, 3), num_envs=3, samples=2, seed=7)
+    metrics = tmp_path / "a" / "rl" / "round-0" / "eval" / "metrics.json"
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "config": asdict(settings)}))
+    random = evaluate_policy("random", replace(settings, seed=0))  # the recorded levels, sampling seed 0
+    row = round_table(group_runs([run]), resamples=100).splitlines()[2].split(" | ")
+    assert row[-1] == pct_with_interval(random["pass_at_k"]["pass@1"], random["pass_at_k_ci95"]["pass@1"]) + " |"
+    assert plot_rounds(group_runs([run]), tmp_path / "rounds.png").stat().st_size > 1000

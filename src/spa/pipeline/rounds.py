@@ -4,12 +4,14 @@ every round per group of replicate runs.
 A run's round ``r`` is evaluated in ``rl/round-r/eval`` (round 0: the model RL starts from)
 on the same levels as every other evaluation of the run, so the mean over seeds of each
 round's Pass@1, with its interval over seeds and levels, is the curve the comparison is
-about: whether, and how fast, each start learns from the same rounds.
+about: whether, and how fast, each start learns from the same rounds, beside random valid
+actions on the same levels (played here: a few seconds, no model).
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import matplotlib
@@ -18,7 +20,10 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from spa.eval.metrics import pass_at_k  # noqa: E402
+from spa.agent.prompts import PromptConfig  # noqa: E402
+from spa.eval.baselines import evaluate_policy  # noqa: E402
+from spa.eval.evaluate import EvalConfig  # noqa: E402
+from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
 from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, summary  # noqa: E402
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
@@ -42,6 +47,25 @@ def group_rounds(group: list[dict]) -> list[list[Evaluation]]:
     return [[hit for run in group if (hit := round_eval(run, r))] for r in range(last + 1)]
 
 
+def random_baseline(group: list[dict]) -> dict | None:
+    """``spa eval --policy random``'s metrics on the levels, turn and action limits of the
+    group's round-0 evaluation (as its ``metrics.json`` recorded them), sampling seed 0;
+    None when that evaluation recorded no settings this version can read."""
+    found = group_rounds(group)
+    config = found[0][0][0].get("config") if found and found[0] else None
+    return _random_baseline(json.dumps(config, sort_keys=True)) if config else None
+
+
+@lru_cache(maxsize=32)
+def _random_baseline(config_json: str) -> dict | None:
+    config = json.loads(config_json)
+    try:
+        settings = EvalConfig(**{**config, "prompt": PromptConfig(**config["prompt"]), "seed": 0})
+    except (KeyError, TypeError, ValueError):  # written by a version with other settings
+        return None
+    return evaluate_policy("random", settings)
+
+
 def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None:
     """One row per group with rounds: Pass@1 after each round as mean [95% interval over
     seeds and levels] (:func:`spa.pipeline.replicates.replicate_cell`), and the mean
@@ -51,15 +75,19 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
         return None
     width = max(len(found) for found in curves.values())
     rows = ["| group | method | env | seeds | " + " | ".join(f"round {r}" for r in range(width))
-            + " | best first action, start -> last |", "|---|---|---|---:|" + "---:|" * (width + 1)]
+            + " | best first action, start -> last | random valid actions |",
+            "|---|---|---|---:|" + "---:|" * (width + 2)]
     for i, found in curves.items():
         group = groups[i - 1]
         cells = [replicate_cell(hits, len(group), 1, resamples) for hits in found] + ["-"] * (width - len(found))
         start, last = (sum(m.get("best_first_rate") or 0.0 for m, _ in hits) / len(hits) if hits else 0.0
                        for hits in (found[0], found[-1]))
         method, env = summary(group[0])
+        random = random_baseline(group)
+        reference = "-" if random is None else pct_with_interval(random["pass_at_k"]["pass@1"],
+                                                                 random["pass_at_k_ci95"]["pass@1"])
         rows.append(f"| G{i} | {method} | {env} | {len(group)} | " + " | ".join(cells)
-                    + f" | {100 * start:.1f}% -> {100 * last:.1f}% |")
+                    + f" | {100 * start:.1f}% -> {100 * last:.1f}% | {reference} |")
     return "\n".join(rows)
 
 
@@ -80,6 +108,14 @@ def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) ->
         low = [interval[0] if interval else mean for mean, interval in points]
         high = [interval[1] if interval else mean for mean, interval in points]
         ax.fill_between(rounds, low, high, alpha=0.15, color=line.get_color())
+    drawn = set()
+    for i in curves:  # one dashed line per set of levels the groups were evaluated on
+        random = random_baseline(groups[i - 1])
+        if random is not None and json.dumps(random["config"], sort_keys=True) not in drawn:
+            drawn.add(json.dumps(random["config"], sort_keys=True))
+            env, options = random["config"]["env"], random["config"]["env_config"]
+            ax.axhline(random["pass_at_k"]["pass@1"], linestyle="--", color="gray", linewidth=1,
+                       label=f"random valid actions ({env}{f' {options}' if options else ''})")
     ax.set_xlabel("round (0: before RL)")
     ax.set_ylabel("Pass@1")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

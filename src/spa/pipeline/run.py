@@ -65,8 +65,8 @@ from spa.worldmodel.sft import train as train_sft
 #: Training stages: each writes its checkpoints into the run folder's subfolder of its name.
 CHECKPOINT_STAGES = ("bootstrap", "sft", "bridge", "rwml", "rl")
 
-STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_bootstrap", "eval_sft", "rwml", "eval_rwml", "rl",
-          "eval_final", "report")
+STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_bootstrap", "eval_sft", "rwml", "eval_rwml",
+          "rl", "eval_final", "report")
 METHOD_STAGES = {
     # With selfplay.bootstrap_episodes > 0 every method starts from a format bootstrap, in
     # its own RL prompt mode for vanilla and state_estimation (short reasoning + actions),
