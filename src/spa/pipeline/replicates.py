@@ -202,11 +202,10 @@ def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str |
     the same environment, with the same options, and has the same RL stage (``rl``); Pass@1
     before RL and Pass@1 / Pass@8 of the final model. None without such pairs."""
     rows = []
-    for i, group in enumerate(groups, 1):
-        method, env = summary(group[0])
-        reference = next((j for j, other in enumerate(groups, 1) if other is not group
-                          and summary(other[0])[0] == "vanilla" and _rl_setting(other[0]) == _rl_setting(group[0])),
-                         None)
+    recipes = [(summary(group[0]), _rl_setting(group[0])) for group in groups]  # each saved recipe parsed once
+    for i, (group, ((method, env), setting)) in enumerate(zip(groups, recipes), 1):
+        reference = next((j for j, ((other, _), other_setting) in enumerate(recipes, 1)
+                          if j != i and other == "vanilla" and other_setting == setting), None)
         if method == "vanilla" or reference is None:
             continue
         cells = [difference_cell(group, groups[reference - 1], stages, k, resamples)

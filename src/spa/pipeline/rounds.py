@@ -47,11 +47,11 @@ def group_rounds(group: list[dict]) -> list[list[Evaluation]]:
     return [[hit for run in group if (hit := round_eval(run, r))] for r in range(last + 1)]
 
 
-def random_baseline(group: list[dict]) -> dict | None:
-    """``spa eval --policy random``'s metrics on the levels, turn and action limits of the
-    group's round-0 evaluation (as its ``metrics.json`` recorded them), sampling seed 0;
-    None when that evaluation recorded no settings this version can read."""
-    found = group_rounds(group)
+def random_baseline(found: list[list[Evaluation]]) -> dict | None:
+    """``spa eval --policy random``'s metrics on the levels, turn and action limits of a
+    group's round-0 evaluation (``found``: :func:`group_rounds`; as its first run's
+    ``metrics.json`` recorded them), sampling seed 0; None when that evaluation recorded no
+    settings this version can read."""
     config = found[0][0][0].get("config") if found and found[0] else None
     return _random_baseline(json.dumps(config, sort_keys=True)) if config else None
 
@@ -83,7 +83,7 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
         start, last = (sum(m.get("best_first_rate") or 0.0 for m, _ in hits) / len(hits) if hits else 0.0
                        for hits in (found[0], found[-1]))
         method, env = summary(group[0])
-        random = random_baseline(group)
+        random = random_baseline(found)
         reference = "-" if random is None else pct_with_interval(random["pass_at_k"]["pass@1"],
                                                                  random["pass_at_k_ci95"]["pass@1"])
         rows.append(f"| G{i} | {method} | {env} | {len(group)} | " + " | ".join(cells)
@@ -109,8 +109,8 @@ def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) ->
         high = [interval[1] if interval else mean for mean, interval in points]
         ax.fill_between(rounds, low, high, alpha=0.15, color=line.get_color())
     drawn = set()
-    for i in curves:  # one dashed line per set of levels the groups were evaluated on
-        random = random_baseline(groups[i - 1])
+    for found in curves.values():  # one dashed line per set of levels the groups were evaluated on
+        random = random_baseline(found)
         if random is not None and json.dumps(random["config"], sort_keys=True) not in drawn:
             drawn.add(json.dumps(random["config"], sort_keys=True))
             env, options = random["config"]["env"], random["config"]["env_config"]
