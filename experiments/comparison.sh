@@ -8,7 +8,8 @@
 # GROUP is one of
 #   frozenlake, sokoban     vanilla, state estimation and SPA, seeds 0-2 (the table's core);
 #   ENV-ablations           the paper's four SPA ablations on ENV (frozenlake or sokoban), seed 0;
-#   ENV-rows                RWML, and SPA playing its rounds in the world-model prompt, seeds 0-2;
+#   ENV-rows                SPA playing its rounds in the world-model prompt, VAGEN-style
+#                           rewards (rounds that keep grounded states) and RWML, seeds 0-2;
 #   sudoku                  vanilla and SPA on Sudoku 4x4, seeds 0-2;
 #   frozenlake-transfer     vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6,
 #                           seeds 0-2.
@@ -65,7 +66,7 @@ cells() {  # cells GROUP: one line per cell, "PREFIX METHOD SEED [VARIANT key=va
       printf '%s\n' "$env spa 0 self_belief selfplay.states=self_belief" \
         "$env spa 0 random_exploration selfplay.exploration=random" \
         "$env spa 0 random_coords selfplay.coords=random" "$env spa 0 masked_states sft.mask_states=true" ;;
-    *-rows) for seed in 0 1 2; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env rwml $seed"; done ;;
+    *-rows) for seed in 0 1 2; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env vagen $seed" "$env rwml $seed"; done ;;
     *) for seed in 0 1 2; do printf '%s\n' "$1 spa $seed" "$1 vanilla $seed"; done ;;  # sudoku, the transfer
   esac
 }

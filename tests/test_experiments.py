@@ -122,7 +122,7 @@ def test_two_lanes_run_every_cell_of_every_group_once_from_its_recipe(tmp_path):
                                 "frozenlake-rows", "sokoban-rows", "sudoku", "frozenlake-transfer")
     runs = [c for c in calls if c[0] == "run"]
     names = [c[c.index("--name") + 1] for c in runs]
-    assert len(names) == len(set(names)) == 2 * (9 + 4 + 6) + 6 + 6  # each claimed by one lane
+    assert len(names) == len(set(names)) == 2 * (9 + 4 + 9) + 6 + 6  # each claimed by one lane
     for c in runs:
         assert (COMPARISON.parent.parent / c[1]).is_file(), c[1]  # the recipe exists
         assert c[c.index("--name") + 1].startswith(c[1].removeprefix("configs/").removesuffix(".yaml"))
@@ -138,8 +138,9 @@ def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
     assert left == sorted(runs)  # KEEP_RUNS: the run folders stay
     core = {f"frozenlake-{m}-iterate-s{s}" for m in ("vanilla", "state_estimation", "spa") for s in range(3)}
     assert set(list(runs)[:8]) == core - {"frozenlake-spa-iterate-s0"}  # the core first: groups run in order
-    assert len(runs) == 8 + 4 + 6
+    assert len(runs) == 8 + 4 + 9
     assert runs["frozenlake-rwml-iterate-s2"] == ["configs/frozenlake-rwml-iterate.yaml", "seed=2"]
+    assert runs["frozenlake-vagen-iterate-s1"] == ["configs/frozenlake-vagen-iterate.yaml", "seed=1"]
     assert runs["frozenlake-spa-iterate-world_model-s1"] == [
         "configs/frozenlake-spa-iterate.yaml", "seed=1", "prompt.mode=world_model", "iterate.max_new_tokens=200",
         "eval.max_new_tokens=200"]

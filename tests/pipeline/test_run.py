@@ -482,12 +482,17 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
 
 
 def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
-    with pytest.raises(ValueError, match="keep='all' is not allowed; valid: winners, best, best_prefix"):
+    with pytest.raises(ValueError, match="keep='all' is not allowed; valid: winners, best, best_prefix, "
+                                         "best_grounded"):
         load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["iterate.keep=all"])
     with pytest.raises(ValueError, match="rl 'magic' is not known; valid: ppo, iterate"):
         load_recipe(CONFIGS / "frozenlake-spa.yaml", ["rl=magic"])
-    with pytest.raises(ValueError, match="rl: iterate does not apply to method 'vagen'"):
+    with pytest.raises(ValueError, match="iterate.keep='winners' with method 'vagen'.*best_grounded"):
         load_recipe(CONFIGS / "frozenlake-vagen.yaml", ["rl=iterate"])
+    with pytest.raises(ValueError, match="best_grounded needs the world-model prompt in RL .*'base'"):
+        load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["iterate.keep=best_grounded"])
+    with pytest.raises(ValueError, match="rl: iterate does not apply to method 'rwml'"):
+        load_recipe(CONFIGS / "frozenlake-rwml.yaml", ["rl=iterate"])
     recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["seed=3"])
     assert recipe.iterate.config(recipe.stage_seed(recipe.iterate)).seed == 3
 
@@ -531,6 +536,35 @@ def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(pr
     assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
             == (folder / "eval" / "rwml-base" / "trajectories.jsonl").read_text())
     assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [WIN]
+
+
+def test_vagen_with_expert_iteration_keeps_the_best_turns_whose_own_states_were_right(preset, tmp_path,
+                                                                                     monkeypatch):
+    """The comparison's VAGEN row: rounds in the world-model prompt from the format bootstrap;
+    of two winning turns only the one whose observation and prediction were right is kept,
+    as written."""
+    from scripted import ScriptedEngine, wm
+    from spa.envs import make
+    from spa.rl import expert_iteration
+
+    overrides = scripted_rounds(monkeypatch, rounds=1)
+    lake = make("frozenlake", desc="SFG/FHF/FFF", is_slippery=False)
+    lake.reset(seed=0)
+    before = lake.state_text()
+    lake.step("Right")
+    lake.step("Right")
+    grounded, guessed = wm("Right || Right", before, lake.state_text()), wm("Right || Right", before, before)
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+                        ScriptedEngine(tokenizer, [[grounded, guessed]]))
+    folder = tmp_path / "vagen-iterate"
+    Run(load_recipe(CONFIGS / "frozenlake-vagen-iterate.yaml", overrides, preset=str(preset)), folder,
+        log=lambda _: None).run()
+    stages = json.loads((folder / "stages.json").read_text())
+    assert list(stages) == ["bootstrap", "eval_bootstrap", "rl", "eval_final", "report"]
+    assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
+    assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
+            == (folder / "eval" / "bootstrap-world_model" / "trajectories.jsonl").read_text())
+    assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [grounded]
 
 
 def test_transfer_with_expert_iteration_trains_small_and_plays_large(preset, tmp_path, monkeypatch):

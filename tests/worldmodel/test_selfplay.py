@@ -183,12 +183,44 @@ def test_best_prefix_cuts_the_answer_to_its_leading_best_actions(tiny):
     assert responses == {"best": [plain("Right || Down")], "best_prefix": [plain("Right")]}
 
 
+def test_best_grounded_keeps_best_moves_whose_own_states_were_right_as_written(tiny):
+    """On SFG/FHF/FFF, Right is the best first move and Down is not. Of four turns only the
+    one with the best move, the true observation and the true prediction is kept, with its
+    states as the model wrote them (VAGEN's grounded states, no ground-truth replacement)."""
+    from spa.envs import make
+
+    _, tokenizer = tiny
+    lake = {"desc": "SFG/FHF/FFF", "is_slippery": False}
+    env = make("frozenlake", **lake)
+    env.reset(seed=0)
+    before = env.state_text()
+    env.step("Right")
+    after = env.state_text()
+    down = make("frozenlake", **lake)
+    down.reset(seed=0)
+    down.step("Down")
+    script = [[wm("Right", obs=before, pred=after), wm("Right", obs=before, pred=before),
+               wm("Right", obs=after, pred=after), wm("Down", obs=before, pred=down.state_text())]]
+    config = SelfPlayConfig(env="frozenlake", env_config=lake, episodes=4, samples=4, max_turns=1,
+                            max_actions_per_turn=2, keep="best_grounded")
+    examples, stats = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
+    assert [e["sample"] for e in examples] == [0] and stats["dropped_by_filter"] == 3
+    assert examples[0]["response"] == wm("Right", obs=before, pred=after)
+    # keep=best trains on all three best moves, their states replaced by the true ones.
+    config = SelfPlayConfig(env="frozenlake", env_config=lake, episodes=4, samples=4, max_turns=1,
+                            max_actions_per_turn=2, keep="best")
+    examples, _ = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
+    assert [e["response"] for e in examples] == [wm("Right", obs=before, pred=after)] * 3
+
+
 def test_keep_values():
     with pytest.raises(ValueError, match="keep='some'.*all, winners, best"):
         SelfPlayConfig(keep="some")
     with pytest.raises(ValueError, match="keep='best_prefix' needs mode='base' or 'state'"):
         SelfPlayConfig(keep="best_prefix")
     assert SelfPlayConfig(mode="state", keep="winners").keep == "winners"
+    with pytest.raises(ValueError, match="keep='best_grounded' needs mode='world_model'"):
+        SelfPlayConfig(mode="base", keep="best_grounded")
 
 
 def test_keep_best_drops_a_turn_from_a_state_without_a_solution(tiny, monkeypatch):

@@ -21,8 +21,10 @@ def iterate(
     episodes: int = typer.Option(1600, min=1, help="Episodes played per round (a multiple of --samples)."),
     samples: int = typer.Option(4, min=1, help="Episodes per level."),
     keep: str = typer.Option("winners", help="Turns trained on: winners (of episodes that succeeded: the "
-                                             "task's reward), best (first action on a shortest solution) or "
-                                             "best_prefix (those, answer cut to its leading best actions)."),
+                                             "task's reward), best (first action on a shortest solution), "
+                                             "best_prefix (those, answer cut to its leading best actions) or "
+                                             "best_grounded (best, and the turn's own observation and "
+                                             "prediction right; --mode world_model)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),

@@ -30,8 +30,9 @@ def selfplay(
                                                  "(no state text in the response; random or oracle exploration, "
                                                  "or self-play with --keep)."),
     keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes), best (first "
-                                         "action on a shortest solution) or best_prefix (those, answer cut to "
-                                         "its leading best actions): rejection sampling."),
+                                         "action on a shortest solution), best_prefix (those, answer cut to "
+                                         "its leading best actions) or best_grounded (best, and the turn's own "
+                                         "observation and prediction right): rejection sampling."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,

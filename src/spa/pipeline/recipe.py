@@ -18,7 +18,9 @@ Baselines with a world model of their own:
   predictions, embedding reward); ``rwml+ppo``: then PPO from the RWML checkpoint.
 * ``vagen``: PPO in ``world_model`` mode whose turn rewards add a format reward and the
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
-  online world modelling, deterministic grid matcher), with turn-level GAE.
+  online world modelling, deterministic grid matcher), with turn-level GAE. Under ``rl: iterate``
+  the same reward is a filter: ``iterate.keep: best_grounded`` keeps the turns whose move
+  a solver labels best and whose own observation and prediction were right.
 
 The RL stage (``rl``): ``ppo`` (PPO or GRPO, the ``ppo`` section) or ``iterate``: expert
 iteration (:mod:`spa.rl.expert_iteration`), rounds in which the policy plays fresh
@@ -138,8 +140,9 @@ class IterateSection:
     samples: int = field(default=IterateConfig.samples, metadata={"help": "Episodes per training level."})
     keep: str = field(default=IterateConfig.keep, metadata={
         "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
-                "on a shortest solution: a solver's label) or best_prefix (those, answer cut to its leading best "
-                "actions)."})
+                "on a shortest solution: a solver's label), best_prefix (those, answer cut to its leading best "
+                "actions) or best_grounded (best turns whose own observation and prediction were right; "
+                "world-model prompt; vagen's filter)."})
     lr: float = field(default=SFTConfig.lr, metadata={"help": "Peak SFT learning rate of each round."})
     max_new_tokens: int = field(default=IterateConfig.max_new_tokens, metadata={
         "help": "New-token cap per turn while playing."})
@@ -208,12 +211,17 @@ class Recipe:
             raise ValueError(f"method {self.method!r} is not known; valid: {', '.join(METHODS)}")
         if self.rl not in RL_STAGES:
             raise ValueError(f"rl {self.rl!r} is not known; valid: {', '.join(RL_STAGES)}")
-        if self.rl == "iterate" and self.method in ("vagen", "rwml"):
-            raise ValueError(f"rl: iterate does not apply to method {self.method!r} (vagen's rewards are PPO's; "
-                             "rwml has no RL stage); use rl: ppo")
+        if self.rl == "iterate" and self.method == "rwml":
+            raise ValueError("rl: iterate does not apply to method 'rwml' (it has no RL stage); use rwml+ppo")
+        if self.rl == "iterate" and self.method == "vagen" and self.iterate.keep != "best_grounded":
+            raise ValueError(f"iterate.keep={self.iterate.keep!r} with method 'vagen': under rl: iterate, vagen's "
+                             "reward for grounded states is the filter iterate.keep: best_grounded")
         self.precision = precision.check(self.precision)
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
+        if self.rl == "iterate" and self.iterate.keep == "best_grounded" and self.rl_mode != "world_model":
+            raise ValueError(f"iterate.keep: best_grounded needs the world-model prompt in RL (prompt.mode "
+                             f"{self.rl_mode!r} writes no observation or prediction to check)")
 
     def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
         """A stage's own precision where it sets one, else the recipe's."""

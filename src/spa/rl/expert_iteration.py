@@ -12,6 +12,9 @@ the actions played), and one SFT run on them gives the next round's policy:
 * ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
   that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
   correct moves taught; README, "Correct moves from the model's own samples").
+* ``keep="best_grounded"``: in the world-model prompt, the best turns whose own
+  ``<observation>`` and ``<prediction>`` were right, trained on as written: VAGEN's reward
+  for grounded states joined to the solver's label (the ``vagen`` method under ``rl: iterate``).
 
 Why it is here beside PPO: on these CPU budgets PPO's few small updates per step did not
 move the policy, while on the same samples about a hundred SFT steps at 1e-4 on the kept
@@ -60,7 +63,7 @@ class IterateConfig:
     rounds: int = 3
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
-    keep: str = "winners"  # winners | best | best_prefix
+    keep: str = "winners"  # winners | best | best_prefix | best_grounded
     new_levels: bool = True  # each round plays the next block of training levels, not the same ones
     max_new_tokens: int = 64  # per turn while playing
     temperature: float = 1.0
@@ -71,7 +74,7 @@ class IterateConfig:
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds} must be at least 1")
         if self.keep not in KEEP or self.keep == "all":
-            raise ValueError(f"keep={self.keep!r} is not allowed; valid: winners, best, best_prefix")
+            raise ValueError(f"keep={self.keep!r} is not allowed; valid: {', '.join(KEEP[1:])}")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
 
@@ -99,6 +102,7 @@ def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig,
     evaluation whose metrics it writes under ``folder``.
     """
     out = Path(out)
+    selfplay_config(config, rollout, 1)  # its checks (keep against the prompt mode) before any model loads
     _check_settings(out / "settings.json", {"model": model, "rollout": to_dict(rollout), "iterate": to_dict(config)})
     records: list[dict] = []
     if evaluate is not None:

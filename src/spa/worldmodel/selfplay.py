@@ -29,6 +29,11 @@ solution (a solver's label), ``best_prefix`` the same turns with the answer cut 
 leading actions that each began a shortest solution from the state it was taken in (so
 no unlabelled move rides along). With a filter, self-play data may use any prompt mode:
 the model's own response, answer rewritten to the actions played, is the target.
+``best_grounded`` (``world_model`` mode) keeps a best turn only when the model's own
+``<observation>`` and ``<prediction>`` were right (``spa.rl.rewards.state_match`` of 1 with
+the true states before and after), and trains on those states as the model wrote them:
+VAGEN's reward for grounded states and a solver's label for the move, as one filter, with
+no ground-truth text ever shown to the policy.
 """
 
 from __future__ import annotations
@@ -46,11 +51,12 @@ from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.envs import env_class, has_solver, make
 from spa.eval.metrics import grid_cells
+from spa.rl.rewards import state_match
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
-KEEP = ("all", "winners", "best", "best_prefix")
+KEEP = ("all", "winners", "best", "best_prefix", "best_grounded")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
 
@@ -75,6 +81,7 @@ class SelfPlayConfig:
     seed: int = 0  # sampling / random-exploration seed
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
     keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
+    #                    | best_grounded (best, and the model's own states right)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -85,6 +92,9 @@ class SelfPlayConfig:
         if self.keep == "best_prefix" and self.mode == "world_model":
             raise ValueError("keep='best_prefix' needs mode='base' or 'state': a cut answer would no longer "
                              "match the prediction of the state after all its actions")
+        if self.keep == "best_grounded" and self.mode != "world_model":
+            raise ValueError(f"keep='best_grounded' needs mode='world_model' (mode={self.mode!r} writes no "
+                             "observation or prediction to check)")
         for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS),
                               ("keep", KEEP)):
             if getattr(self, name) not in allowed:
@@ -127,8 +137,8 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     actions = turn.actions[: turn.best_run] if config.keep == "best_prefix" else turn.actions
     answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
     response = response[: think_end + len("</think>")] + answer
-    if config.states == "self_belief" or config.mode != "world_model":
-        return response
+    if config.states == "self_belief" or config.mode != "world_model" or config.keep == "best_grounded":
+        return response  # best_grounded: the states it kept are the model's own, and right
     before, after = turn.state_before, turn.state_after
     if config.coords == "random":
         cells = grid_cells(turn.grid_before)
@@ -209,13 +219,19 @@ def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
     """Whether a well-formed turn passes the ``keep`` filter."""
     if keep == "winners":
         return trajectory.success
-    if keep in ("best", "best_prefix"):
+    if keep in ("best", "best_prefix", "best_grounded"):
         if turn.best_first is None and not has_solver(trajectory.env):
             raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
         # None with a solver: no solution from this state (a Sokoban box pushed into a
         # corner) or none within the search budget, so no move is best and the turn goes.
-        return bool(turn.best_first)
+        return bool(turn.best_first) and (keep != "best_grounded" or grounded(turn))
     return True
+
+
+def grounded(turn: Turn) -> bool:
+    """Whether the turn's own observation and prediction both match the true states exactly."""
+    return state_match(turn.observation, turn.state_before) == 1.0 and \
+        state_match(turn.prediction, turn.state_after) == 1.0
 
 
 def _rate(hits: int, total: int) -> float | None:
