@@ -165,7 +165,10 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
     assert settings["iterate"]["sft"]["epochs"] == 1 and settings["iterate"]["sft"]["val_fraction"] == 0.0
     result = runner.invoke(app, args[:-2] + ["--keep", "all"], terminal_width=200)
     assert result.exit_code == 2
-    assert "keep='all' is not allowed; valid: winners, best, best_prefix" in flat(result.output)
+    assert "keep='all' is not allowed; valid: winners, best, best_prefix, best_grounded" in flat(result.output)
+    result = runner.invoke(app, args[:-2] + ["--keep", "best_grounded"], terminal_width=200)
+    assert result.exit_code == 1  # before any model loads
+    assert "keep='best_grounded' needs mode='world_model' (mode='base'" in flat(result.output)
 
 
 def test_ppl_prints_raw_and_structured(tmp_path):
