@@ -47,6 +47,11 @@ def group_rounds(group: list[dict]) -> list[list[Evaluation]]:
     return [[hit for run in group if (hit := round_eval(run, r))] for r in range(last + 1)]
 
 
+def group_curves(groups: list[list[dict]]) -> dict[int, list[list[Evaluation]]]:
+    """:func:`group_rounds` of each group that has rounds, by its 1-based number (``G1``...)."""
+    return {i: found for i, group in enumerate(groups, 1) if (found := group_rounds(group))}
+
+
 def random_baseline(found: list[list[Evaluation]]) -> dict | None:
     """``spa eval --policy random``'s metrics on the levels, turn and action limits of a
     group's round-0 evaluation (``found``: :func:`group_rounds`; as its first run's
@@ -70,7 +75,7 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
     """One row per group with rounds: Pass@1 after each round as mean [95% interval over
     seeds and levels] (:func:`spa.pipeline.replicates.replicate_cell`), and the mean
     best-first-action rate of the start and of the last round; None when no group has rounds."""
-    curves = {i: found for i, group in enumerate(groups, 1) if (found := group_rounds(group))}
+    curves = group_curves(groups)
     if not curves:
         return None
     width = max(len(found) for found in curves.values())
@@ -94,7 +99,7 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
 def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) -> Path | None:
     """``rounds.png``: mean Pass@1 against round for each group with rounds, its 95% interval
     over seeds and levels as a band; None when no group has rounds."""
-    curves = {i: found for i, group in enumerate(groups, 1) if (found := group_rounds(group))}
+    curves = group_curves(groups)
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.8))
