@@ -538,11 +538,9 @@ def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(pr
     assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [WIN]
 
 
-def test_vagen_with_expert_iteration_keeps_the_best_turns_whose_own_states_were_right(preset, tmp_path,
-                                                                                     monkeypatch):
+def test_vagen_with_expert_iteration_learns_only_the_states_it_got_right(preset, tmp_path, monkeypatch):
     """The comparison's VAGEN row: rounds in the world-model prompt from the format bootstrap;
-    of two winning turns only the one whose observation and prediction were right is kept,
-    as written."""
+    two best turns are kept as written, the wrong prediction of one out of its loss."""
     from scripted import ScriptedEngine, wm
     from spa.envs import make
     from spa.rl import expert_iteration
@@ -564,7 +562,10 @@ def test_vagen_with_expert_iteration_keeps_the_best_turns_whose_own_states_were_
     assert stages["rl"]["outputs"]["start"] == stages["bootstrap"]["outputs"]["model"]
     assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
             == (folder / "eval" / "bootstrap-world_model" / "trajectories.jsonl").read_text())
-    assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [grounded]
+    kept = [json.loads(line) for line in (folder / "rl" / "round-1" / "data.jsonl").open()]
+    assert [(e["response"], e["masked_states"]) for e in kept] == [(grounded, []), (guessed, ["prediction"])]
+    rounds = json.loads((folder / "rl" / "rounds.json").read_text())
+    assert rounds[1]["states_right"] == {"observation": 1.0, "prediction": 0.5}
 
 
 def test_transfer_with_expert_iteration_trains_small_and_plays_large(preset, tmp_path, monkeypatch):

@@ -183,10 +183,10 @@ def test_best_prefix_cuts_the_answer_to_its_leading_best_actions(tiny):
     assert responses == {"best": [plain("Right || Down")], "best_prefix": [plain("Right")]}
 
 
-def test_best_grounded_keeps_best_moves_whose_own_states_were_right_as_written(tiny):
-    """On SFG/FHF/FFF, Right is the best first move and Down is not. Of four turns only the
-    one with the best move, the true observation and the true prediction is kept, with its
-    states as the model wrote them (VAGEN's grounded states, no ground-truth replacement)."""
+def test_best_grounded_keeps_best_moves_as_written_and_masks_the_wrong_states(tiny):
+    """On SFG/FHF/FFF, Right is the best first move and Down is not. The three Right turns
+    are kept as the model wrote them (no ground-truth replacement), each naming the own
+    states that were wrong, which the SFT loss then leaves out (VAGEN's grounded states)."""
     from spa.envs import make
 
     _, tokenizer = tiny
@@ -204,13 +204,16 @@ def test_best_grounded_keeps_best_moves_whose_own_states_were_right_as_written(t
     config = SelfPlayConfig(env="frozenlake", env_config=lake, episodes=4, samples=4, max_turns=1,
                             max_actions_per_turn=2, keep="best_grounded")
     examples, stats = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
-    assert [e["sample"] for e in examples] == [0] and stats["dropped_by_filter"] == 3
-    assert examples[0]["response"] == wm("Right", obs=before, pred=after)
+    assert [e["sample"] for e in examples] == [0, 1, 2] and stats["dropped_by_filter"] == 1
+    assert [e["response"] for e in examples] == script[0][:3]
+    assert [e["masked_states"] for e in examples] == [[], ["prediction"], ["observation"]]
+    assert stats["states_right"] == {"observation": 2 / 3, "prediction": 2 / 3}
     # keep=best trains on all three best moves, their states replaced by the true ones.
     config = SelfPlayConfig(env="frozenlake", env_config=lake, episodes=4, samples=4, max_turns=1,
                             max_actions_per_turn=2, keep="best")
-    examples, _ = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
+    examples, stats = build_examples(collect(ScriptedEngine(tokenizer, script), tokenizer, config), config)
     assert [e["response"] for e in examples] == [wm("Right", obs=before, pred=after)] * 3
+    assert "masked_states" not in examples[0] and "states_right" not in stats
 
 
 def test_keep_values():

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -151,3 +152,23 @@ def test_lora_trains_adapters_saves_a_plain_model_and_resumes_exactly(tiny, tmp_
     again, _ = loader(str(tmp_path / "b" / "epoch-2"))
     for (name, a), (_, b) in zip(merged.named_parameters(), again.named_parameters()):
         torch.testing.assert_close(a, b, msg=name, atol=1e-5, rtol=1e-4)
+
+
+def test_an_examples_masked_states_leave_its_loss_as_mask_states_does(tiny, tmp_path):
+    """``masked_states`` on every example trains exactly as ``mask_states=True`` does, and
+    differs from training on the states (a negligible lr: the first epoch's loss over the targets)."""
+    from spa.models import load_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=4, max_turns=1)
+    config = SFTConfig(lr=1e-12, epochs=1, batch_size=4, val_fraction=0.0, precision="fp32")
+
+    def first_loss(examples, name, **changes):
+        model, _ = load_model("tiny", dtype="fp32")
+        history = train(model, tokenizer, examples, dataclasses.replace(config, **changes), tmp_path / name,
+                        progress=False)
+        return history[0]["train_loss"]
+
+    masked = [{**e, "masked_states": ["observation", "prediction"]} for e in examples]
+    assert first_loss(masked, "masked") == pytest.approx(first_loss(examples, "flag", mask_states=True))
+    assert first_loss(masked, "masked") != pytest.approx(first_loss(examples, "plain"), rel=1e-3)

@@ -30,3 +30,11 @@ def test_mask_states_removes_exactly_the_state_contents(tiny):
     full = tokenize_example(tokenizer, MESSAGES, RESPONSE)
     assert example.input_ids == full.input_ids
     assert all(f or not m for m, f in zip(example.loss_mask, full.loss_mask))  # a subset
+
+
+def test_masked_names_the_states_one_example_leaves_out_of_the_loss(tiny):
+    _, tokenizer = tiny
+    example = tokenize_example(tokenizer, MESSAGES, RESPONSE, masked=["prediction"])
+    assert trained_text(tokenizer, example) == RESPONSE.replace(
+        RESPONSE[RESPONSE.index("<prediction>") + 12: RESPONSE.index("</prediction>")], "")
+    assert trained_text(tokenizer, tokenize_example(tokenizer, MESSAGES, RESPONSE, masked=[])) == RESPONSE

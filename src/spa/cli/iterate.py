@@ -23,8 +23,8 @@ def iterate(
     keep: str = typer.Option("winners", help="Turns trained on: winners (of episodes that succeeded: the "
                                              "task's reward), best (first action on a shortest solution), "
                                              "best_prefix (those, answer cut to its leading best actions) or "
-                                             "best_grounded (best, and the turn's own observation and "
-                                             "prediction right; --mode world_model)."),
+                                             "best_grounded (best, own observation and prediction "
+                                             "in the loss only where right; --mode world_model)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),

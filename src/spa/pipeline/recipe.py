@@ -19,8 +19,8 @@ Baselines with a world model of their own:
 * ``vagen``: PPO in ``world_model`` mode whose turn rewards add a format reward and the
   match of ``<observation>`` / ``<prediction>`` with the true states (VAGEN-style
   online world modelling, deterministic grid matcher), with turn-level GAE. Under ``rl: iterate``
-  the same reward is a filter: ``iterate.keep: best_grounded`` keeps the turns whose move
-  a solver labels best and whose own observation and prediction were right.
+  the same reward is a loss mask: ``iterate.keep: best_grounded`` keeps the turns whose move
+  a solver labels best, each own observation and prediction in the loss only where right.
 
 The RL stage (``rl``): ``ppo`` (PPO or GRPO, the ``ppo`` section) or ``iterate``: expert
 iteration (:mod:`spa.rl.expert_iteration`), rounds in which the policy plays fresh
@@ -141,8 +141,8 @@ class IterateSection:
     keep: str = field(default=IterateConfig.keep, metadata={
         "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
                 "on a shortest solution: a solver's label), best_prefix (those, answer cut to its leading best "
-                "actions) or best_grounded (best turns whose own observation and prediction were right; "
-                "world-model prompt; vagen's filter)."})
+                "actions) or best_grounded (best turns, own observation and prediction in the loss only where right; "
+                "world-model prompt; vagen's reward)."})
     lr: float = field(default=SFTConfig.lr, metadata={"help": "Peak SFT learning rate of each round."})
     max_new_tokens: int = field(default=IterateConfig.max_new_tokens, metadata={
         "help": "New-token cap per turn while playing."})
@@ -215,7 +215,7 @@ class Recipe:
             raise ValueError("rl: iterate does not apply to method 'rwml' (it has no RL stage); use rwml+ppo")
         if self.rl == "iterate" and self.method == "vagen" and self.iterate.keep != "best_grounded":
             raise ValueError(f"iterate.keep={self.iterate.keep!r} with method 'vagen': under rl: iterate, vagen's "
-                             "reward for grounded states is the filter iterate.keep: best_grounded")
+                             "reward for grounded states is the loss mask of iterate.keep: best_grounded")
         self.precision = precision.check(self.precision)
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")

@@ -12,9 +12,10 @@ the actions played), and one SFT run on them gives the next round's policy:
 * ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
   that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
   correct moves taught; README, "Correct moves from the model's own samples").
-* ``keep="best_grounded"``: in the world-model prompt, the best turns whose own
-  ``<observation>`` and ``<prediction>`` were right, trained on as written: VAGEN's reward
-  for grounded states joined to the solver's label (the ``vagen`` method under ``rl: iterate``).
+* ``keep="best_grounded"``: in the world-model prompt, the best turns as written, each
+  own ``<observation>`` / ``<prediction>`` in the loss only where it was right: VAGEN's
+  reward for grounded states beside the solver's label (the ``vagen`` method under
+  ``rl: iterate``).
 
 Why it is here beside PPO: on these CPU budgets PPO's few small updates per step did not
 move the policy, while on the same samples about a hundred SFT steps at 1e-4 on the kept
@@ -116,6 +117,8 @@ def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig,
                   "play_success": stats["success_rate"], "best_first_kept": stats.get("best_first_kept"),
                   "best_first_dropped": stats.get("best_first_dropped"), "play_seconds": stats.get("wall_seconds"),
                   "sft_seconds": _sft_seconds(folder / "sft")}
+        if "states_right" in stats:
+            record["states_right"] = stats["states_right"]
         if evaluate is not None:
             previous = out / f"round-{round_ - 1}" / "eval"
             record.update(_evaluation(model, load, evaluate, folder / "eval", before=previous))
@@ -199,6 +202,9 @@ def describe_round(record: dict) -> str:
         if record.get("best_first_kept") is not None and record.get("best_first_dropped") is not None:
             line += f"; best first move in {100 * record['best_first_kept']:.0f}% of the kept turns, " \
                     f"{100 * record['best_first_dropped']:.0f}% of the others"
+        if record.get("states_right"):
+            line += "; own states right, so learnt: " + ", ".join(
+                f"{tag} {100 * share:.0f}%" for tag, share in record["states_right"].items() if share is not None)
         line += ")"
     if "eval" in record:
         line += f"; eval Pass@1 {pct_with_interval(record['eval']['pass@1'], record['eval_ci95'].get('pass@1'))}"

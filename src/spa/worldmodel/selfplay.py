@@ -29,11 +29,13 @@ solution (a solver's label), ``best_prefix`` the same turns with the answer cut 
 leading actions that each began a shortest solution from the state it was taken in (so
 no unlabelled move rides along). With a filter, self-play data may use any prompt mode:
 the model's own response, answer rewritten to the actions played, is the target.
-``best_grounded`` (``world_model`` mode) keeps a best turn only when the model's own
-``<observation>`` and ``<prediction>`` were right (``spa.rl.rewards.state_match`` of 1 with
-the true states before and after), and trains on those states as the model wrote them:
-VAGEN's reward for grounded states and a solver's label for the move, as one filter, with
-no ground-truth text ever shown to the policy.
+``best_grounded`` (``world_model`` mode) keeps the best turns as the model wrote them and
+takes out of the SFT loss each of its own ``<observation>`` / ``<prediction>`` that did not
+match the true state exactly (``spa.rl.rewards.state_match`` below 1; the example's
+``masked_states``): VAGEN's reward for grounded states as a loss mask beside the solver's
+label for the move, with no ground-truth text ever shown to the policy. A filter on right
+states instead would keep almost nothing: a format bootstrap's predictions are exact in
+about 1% of turns (README, "World-model baselines").
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class SelfPlayConfig:
     seed: int = 0  # sampling / random-exploration seed
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
     keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
-    #                    | best_grounded (best, and the model's own states right)
+    #                    | best_grounded (best, own states in the loss only where right)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -138,7 +140,7 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
     response = response[: think_end + len("</think>")] + answer
     if config.states == "self_belief" or config.mode != "world_model" or config.keep == "best_grounded":
-        return response  # best_grounded: the states it kept are the model's own, and right
+        return response  # best_grounded: the model's own states; the wrong ones leave the loss
     before, after = turn.state_before, turn.state_after
     if config.coords == "random":
         cells = grid_cells(turn.grid_before)
@@ -224,14 +226,15 @@ def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
             raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
         # None with a solver: no solution from this state (a Sokoban box pushed into a
         # corner) or none within the search budget, so no move is best and the turn goes.
-        return bool(turn.best_first) and (keep != "best_grounded" or grounded(turn))
+        return bool(turn.best_first)
     return True
 
 
-def grounded(turn: Turn) -> bool:
-    """Whether the turn's own observation and prediction both match the true states exactly."""
-    return state_match(turn.observation, turn.state_before) == 1.0 and \
-        state_match(turn.prediction, turn.state_after) == 1.0
+def wrong_states(turn: Turn) -> list[str]:
+    """The tags of the turn's own states that do not match the true ones exactly."""
+    return [tag for tag, written, true in (("observation", turn.observation, turn.state_before),
+                                           ("prediction", turn.prediction, turn.state_after))
+            if state_match(written, true) < 1.0]
 
 
 def _rate(hits: int, total: int) -> float | None:
@@ -260,13 +263,17 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
                 counts["dropped_by_filter"] += 1
                 continue
             counts["kept"] += 1
-            examples.append({
+            example = {
                 "messages": turn.prompt_messages,
                 "response": corrected_response(turn, config, rng),
                 "env": trajectory.env, "seed": trajectory.seed, "sample": trajectory.sample,
                 "turn": index, "actions": turn.actions,
                 "state_before": turn.state_before, "state_after": turn.state_after,
-            })
+            }
+            if config.keep == "best_grounded":
+                example["masked_states"] = wrong_states(turn)
+                counts.update(f"{tag}_wrong" for tag in example["masked_states"])
+            examples.append(example)
     stats = {
         "episodes": len(trajectories),
         "success_rate": sum(t.success for t in trajectories) / max(len(trajectories), 1),
@@ -281,4 +288,7 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tu
         "best_first_dropped": _rate(counts["best_first_dropped"], counts["solved_dropped"]),
         "config": asdict(config),
     }
+    if config.keep == "best_grounded":  # the shares of kept turns whose own states the loss learns
+        stats["states_right"] = {tag: _rate(counts["kept"] - counts[f"{tag}_wrong"], counts["kept"])
+                                 for tag in ("observation", "prediction")}
     return examples, stats

@@ -254,8 +254,8 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
         model = add_lora(model, config.lora_rank)
     distributed.sync_params(model)
     train_raw, val_raw = split(examples, config.val_fraction, config.seed)
-    train_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in train_raw]
-    val_set = [tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states) for e in val_raw]
+    train_set, val_set = ([tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states,
+                                            e.get("masked_states", ())) for e in raw] for raw in (train_raw, val_raw))
     too_long = sum(len(e) > config.max_length for e in train_set)
     train_set = [e for e in train_set if len(e) <= config.max_length]
     if not train_set:

@@ -5,7 +5,8 @@ tokens, states included: the paper's world-model SFT. The
 prompt, the chat template's role markers and the end-of-turn token never carry loss.
 With ``mask_states`` the contents of ``<observation>`` and ``<prediction>`` are taken
 out of the loss too (the public release's behaviour and the paper's "no transition
-learning" ablation).
+learning" ablation); ``masked`` names such tags for one example alone (expert iteration's
+``best_grounded``: the states the policy got wrong).
 
 Token membership is decided from the tokenizer's character offsets, so it does not
 depend on how the template splits text into tokens.
@@ -13,6 +14,7 @@ depend on how the template splits text into tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -39,7 +41,7 @@ def _content(text: str, tag: str, start: int) -> tuple[int, int] | None:
 
 
 def tokenize_example(tokenizer, messages: list[dict], response: str,
-                     mask_states: bool = False) -> TokenizedExample:
+                     mask_states: bool = False, masked: Sequence[str] = ()) -> TokenizedExample:
     """Chat-template ``messages`` + the assistant ``response``; mask the trained tokens."""
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     text = prompt + response
@@ -47,10 +49,8 @@ def tokenize_example(tokenizer, messages: list[dict], response: str,
     spans = [s for s in (_span(text, "<think>", "</think>", len(prompt)),
                          _span(text, "<answer>", "</answer>", len(prompt))) if s]
     trained = [(min(s[0] for s in spans), max(s[1] for s in spans))] if spans else []
-    excluded = []
-    if mask_states:
-        excluded = [s for s in (_content(text, "observation", len(prompt)),
-                                _content(text, "prediction", len(prompt))) if s]
+    tags = ("observation", "prediction") if mask_states else masked
+    excluded = [s for s in (_content(text, tag, len(prompt)) for tag in tags) if s]
     return encode_with_mask(tokenizer, text, trained, excluded)
 
 
