@@ -286,6 +286,8 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
 def test_compare_command_tables_the_runs(finished, tmp_path):
     # A second run, stopped after the SFT evaluation: its final columns stay empty.
     partial = tmp_path / "partial"
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "rounds.png").write_bytes(b"from an earlier comparison with rounds")
     shutil.copytree(finished, partial)
     stages = json.loads((partial / "stages.json").read_text())
     kept = {k: v for k, v in stages.items() if k in ("bootstrap", "selfplay", "sft", "eval_base", "eval_sft")}
@@ -293,6 +295,10 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     result = CliRunner().invoke(app, ["compare", str(finished), str(partial), "--out", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
     assert "![curves](curves.png)" in result.output  # printed as text, not read as rich markup
+    cmp = tmp_path / "cmp"
+    wrote = f"wrote {cmp / 'comparison.md'}, {cmp / 'curves.png'}, {cmp / 'passk.png'}"
+    assert "".join(wrote.split()) in "".join(result.output.split())  # wrapped lines joined
+    assert not (cmp / "rounds.png").exists()  # PPO runs have no rounds: the stale plot is gone
     rows = [line.split(" | ") for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
             if line.startswith("| straight") or line.startswith("| partial")]
     mode = next(iter(stages["eval_final"]["outputs"]))

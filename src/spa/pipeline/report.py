@@ -289,6 +289,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "reached it with its 95% interval, as in the replicates table; best first action: the share "
                      "of turns whose first action begins a shortest solution, mean over the runs.", "",
                      "![rounds](rounds.png)", ""]
+    else:  # a folder reused for runs without rounds: no stale plot beside the new table
+        (out / "rounds.png").unlink(missing_ok=True)
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
