@@ -224,6 +224,8 @@ def test_keep_values():
     assert SelfPlayConfig(mode="state", keep="winners").keep == "winners"
     with pytest.raises(ValueError, match="keep='best_grounded' needs mode='world_model'"):
         SelfPlayConfig(mode="base", keep="best_grounded")
+    with pytest.raises(ValueError, match="coords='random' does not apply to keep='best_grounded'"):
+        SelfPlayConfig(keep="best_grounded", coords="random")
 
 
 def test_keep_best_drops_a_turn_from_a_state_without_a_solution(tiny, monkeypatch):

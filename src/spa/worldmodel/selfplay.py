@@ -97,6 +97,9 @@ class SelfPlayConfig:
         if self.keep == "best_grounded" and self.mode != "world_model":
             raise ValueError(f"keep='best_grounded' needs mode='world_model' (mode={self.mode!r} writes no "
                              "observation or prediction to check)")
+        if self.keep == "best_grounded" and self.coords != "true":
+            raise ValueError(f"coords={self.coords!r} does not apply to keep='best_grounded', which trains the "
+                             "model's own states and replaces none")
         for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS),
                               ("keep", KEEP)):
             if getattr(self, name) not in allowed:
