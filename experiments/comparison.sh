@@ -17,7 +17,10 @@
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
 # run on both cores for evaluation, 1.07x for SFT, Zen 4), each taking the group's next
-# cell that the other has not claimed, so neither idles while cells remain. Every `spa run`
+# cell that the other has not claimed, so neither idles while cells remain. LANES=N runs
+# N lanes, each on its share of the cores: LANES=1 gives one run every core, so each run
+# finishes in about 0.6x the time, for a machine that is not kept as long as a run beside
+# another takes. Every `spa run`
 # resumes where it stopped, so the same command after an interruption goes on; a run
 # archived as finished is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
 # finished run is archived into results/runs (spa archive, 200 kB) and its run folder
@@ -26,6 +29,12 @@
 set -u
 cd "$(dirname "$0")/.."
 SPA=${SPA:-.venv/bin/spa}
+LANES=${LANES:-2}
+case $LANES in
+  '' | *[!0-9]* | 0) echo "LANES='$LANES' is not a number of lanes; valid: 1, 2, ..." >&2; exit 2 ;;
+esac
+threads=$(( $(nproc) / LANES ))
+if [ "$threads" -lt 1 ]; then threads=1; fi
 groups=("${@:-frozenlake}")
 valid="frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer"
 for group in "${groups[@]}"; do
@@ -82,8 +91,8 @@ lane() {  # lane GROUP: run the group's cells in order, each one a lane claims f
 rm -rf runs/.claimed  # claims of an interrupted earlier invocation
 for group in "${groups[@]}"; do
   mkdir -p runs/.claimed
-  for n in 1 2; do
-    (export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; lane "$group") > "runs/comparison-$group-lane$n.log" 2>&1 &
+  for n in $(seq "$LANES"); do
+    (export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads; lane "$group") > "runs/comparison-$group-lane$n.log" 2>&1 &
   done
   wait
 done

@@ -152,3 +152,35 @@ def test_the_comparison_names_the_groups_it_knows(tmp_path):
     assert result.returncode == 2
     assert ("unknown group 'frozen'; valid: frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, "
             "frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer") in result.stderr
+
+
+def test_one_lane_runs_every_cell_in_order_on_every_core(tmp_path):
+    calls, _ = comparison_calls(tmp_path, "sudoku", env={"LANES": "1"})
+    names = [c[c.index("--name") + 1] for c in calls if c[0] == "run"]
+    assert names == [f"sudoku-{m}-iterate-s{s}" for s in range(3) for m in ("spa", "vanilla")]
+    logs = sorted(p.name for p in (tmp_path / "project" / "runs").glob("comparison-sudoku-lane*.log"))
+    assert logs == ["comparison-sudoku-lane1.log"]
+
+
+def test_each_lane_takes_its_share_of_the_cores(tmp_path):
+    fake = tmp_path / "threads"
+    fake.write_text('#!/usr/bin/env bash\necho "$1 $OMP_NUM_THREADS" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    cores = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    for lanes in (1, 2):
+        calls = tmp_path / f"calls-{lanes}"
+        root = tmp_path / f"project-{lanes}"
+        (root / "experiments").mkdir(parents=True)
+        shutil.copy(COMPARISON, root / "experiments")
+        subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), "sudoku"], check=True,
+                       env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(calls), "LANES": str(lanes)})
+        threads = {int(line.split()[1]) for line in calls.read_text().splitlines() if line.startswith("run ")}
+        assert threads == {max(1, cores // lanes)}
+
+
+@pytest.mark.parametrize("lanes", ["0", "two", "-1"])
+def test_the_comparison_names_a_bad_number_of_lanes(lanes):
+    result = subprocess.run(["bash", str(COMPARISON), "sudoku"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "LANES": lanes})
+    assert result.returncode == 2
+    assert f"LANES='{lanes}' is not a number of lanes" in result.stderr
