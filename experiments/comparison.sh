@@ -19,7 +19,7 @@
 # run on both cores for evaluation, 1.07x for SFT, Zen 4), each taking the group's next
 # cell that the other has not claimed, so neither idles while cells remain. LANES=N runs
 # N lanes, each on its share of the cores: LANES=1 gives one run every core, so each run
-# finishes in about 0.6x the time, for a machine that is not kept as long as a run beside
+# finishes in about 0.6x the time (estimated from those ratios), for a machine that is not kept as long as a run beside
 # another takes. Every `spa run`
 # resumes where it stopped, so the same command after an interruption goes on; a run
 # archived as finished is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
