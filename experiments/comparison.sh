@@ -19,10 +19,10 @@
 # run on both cores for evaluation, 1.07x for SFT, Zen 4), each taking the group's next
 # cell that the other has not claimed, so neither idles while cells remain. LANES=N runs
 # N lanes, each on its share of the cores: LANES=1 gives one run every core, so each run
-# finishes in about 0.6x the time (estimated from those ratios), for a machine that is not kept as long as a run beside
-# another takes. Every `spa run`
-# resumes where it stopped, so the same command after an interruption goes on; a run
-# archived as finished is skipped, even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
+# finishes in about 0.6x the time (estimated from those ratios), for a machine held for
+# less time than a run beside another takes. Every `spa run` resumes where it stopped, so
+# the same command after an interruption goes on; a run archived as finished is skipped,
+# even without its run folder. Logs: runs/comparison-GROUP-laneN.log. Each
 # finished run is archived into results/runs (spa archive, 200 kB) and its run folder
 # (2-4 GB of checkpoints; about 40 of them would not fit on a 64 GB disk) removed, unless
 # KEEP_RUNS=1. At the end results/comparison holds spa compare's table.
