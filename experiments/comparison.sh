@@ -33,7 +33,7 @@ LANES=${LANES:-2}
 case $LANES in
   '' | *[!0-9]* | 0) echo "LANES='$LANES' is not a number of lanes; valid: 1, 2, ..." >&2; exit 2 ;;
 esac
-threads=$(( $(nproc) / LANES ))
+threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / LANES ))  # nproc alone obeys OMP_NUM_THREADS
 if [ "$threads" -lt 1 ]; then threads=1; fi
 groups=("${@:-frozenlake}")
 valid="frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer"

@@ -166,7 +166,8 @@ def test_each_lane_takes_its_share_of_the_cores(tmp_path):
     fake = tmp_path / "threads"
     fake.write_text('#!/usr/bin/env bash\necho "$1 $OMP_NUM_THREADS" >> "$CALLS"\n')
     fake.chmod(0o755)
-    cores = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    cores = int(subprocess.run(["env", "-u", "OMP_NUM_THREADS", "-u", "OMP_THREAD_LIMIT", "nproc"], capture_output=True,
+                               text=True).stdout)
     for lanes in (1, 2):
         calls = tmp_path / f"calls-{lanes}"
         root = tmp_path / f"project-{lanes}"
