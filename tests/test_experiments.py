@@ -87,7 +87,7 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
                      env: dict | None = None) -> tuple[list[list[str]], list[str]]:
     """The spa commands experiments/comparison.sh issues, recorded by a stand-in for spa, in a
     copy of the script's folder layout (``archived``: runs archived as finished before), and
-    the run folders left in ``runs/``."""
+    the run folders left in ``runs/``. Each run's OMP_NUM_THREADS goes to ``calls.threads``."""
     env = env or {}
     root = tmp_path / "project"
     (root / "experiments").mkdir(parents=True)
@@ -97,7 +97,8 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
         (root / "results" / "runs" / name / "stages.json").write_text('{"report": {}}')
     fake = tmp_path / "spa"  # a run writes its folder, as spa run does
     fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
-                    'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; sleep 0.02; fi\n')
+                    'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; echo "$OMP_NUM_THREADS" >> "$CALLS.threads"; '
+                    'sleep 0.02; fi\n')
     fake.chmod(0o755)
     result = subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), *groups], capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls"),
@@ -163,20 +164,13 @@ def test_one_lane_runs_every_cell_in_order_on_every_core(tmp_path):
 
 
 def test_each_lane_takes_its_share_of_the_cores(tmp_path):
-    fake = tmp_path / "threads"
-    fake.write_text('#!/usr/bin/env bash\necho "$1 $OMP_NUM_THREADS" >> "$CALLS"\n')
-    fake.chmod(0o755)
     cores = int(subprocess.run(["env", "-u", "OMP_NUM_THREADS", "-u", "OMP_THREAD_LIMIT", "nproc"], capture_output=True,
                                text=True).stdout)
     for lanes in (1, 2):
-        calls = tmp_path / f"calls-{lanes}"
-        root = tmp_path / f"project-{lanes}"
-        (root / "experiments").mkdir(parents=True)
-        shutil.copy(COMPARISON, root / "experiments")
-        subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), "sudoku"], check=True,
-                       env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(calls), "LANES": str(lanes)})
-        threads = {int(line.split()[1]) for line in calls.read_text().splitlines() if line.startswith("run ")}
-        assert threads == {max(1, cores // lanes)}
+        (tmp_path / str(lanes)).mkdir()
+        comparison_calls(tmp_path / str(lanes), "sudoku", env={"LANES": str(lanes)})
+        threads = set((tmp_path / str(lanes) / "calls.threads").read_text().split())
+        assert threads == {str(max(1, cores // lanes))}
 
 
 @pytest.mark.parametrize("lanes", ["0", "two", "-1"])
