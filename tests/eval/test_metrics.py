@@ -2,7 +2,8 @@ from math import comb
 
 import pytest
 
-from spa.eval.metrics import bootstrap_difference, bootstrap_interval, cell_accuracy, exact_match, pass_at_k
+from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, cell_accuracy, exact_match, pass_at_k, pooled_sd,
+                              runs_per_arm)
 
 
 @pytest.mark.parametrize("n,c,k", [(8, 0, 1), (8, 1, 1), (8, 3, 2), (8, 3, 4), (8, 5, 4), (8, 8, 8),
@@ -124,6 +125,31 @@ def test_bootstrap_interval_rejects_empty_input():
     for bad in ([], [[0.5], []]):
         with pytest.raises(ValueError, match="bootstrap_interval"):
             bootstrap_interval(bad)
+
+
+# ---------------------------------------------------------------- seed spread
+
+def test_pooled_sd_by_hand():
+    # Deviations from each group's own mean: (-2, 0, 2) and (-1, 1); a group of one adds
+    # nothing. Squares 8 + 2 = 10 over df 2 + 1 = 3. The groups' means (12 and 51) are
+    # far apart, and that does not count as spread.
+    sd, df = pooled_sd([[10, 12, 14], [50, 52], [99]])
+    assert df == 3 and sd == pytest.approx((10 / 3) ** 0.5)
+
+
+def test_pooled_sd_needs_a_group_of_two():
+    with pytest.raises(ValueError, match=r"pooled_sd needs a group with at least 2 runs; got group sizes \[1, 1\]"):
+        pooled_sd([[0.5], [0.7]])
+
+
+def test_runs_per_arm_by_hand():
+    # 2 (1.95996 + 0.84162)^2 = 15.70; sd 12: 15.70 * 144 / 100 = 22.6 -> 23 at a gap of 10,
+    # 5.65 -> 6 at 20. sd = gap / 2 gives 3.92 -> 4; no spread still needs 2.
+    assert [runs_per_arm(12.0, gap) for gap in (10, 20, 24)] == [23, 6, 4]
+    assert runs_per_arm(5.0, 10.0) == 4 and runs_per_arm(0.0, 10.0) == 2
+    assert runs_per_arm(12.0, 10, power=0.9) > runs_per_arm(12.0, 10) > runs_per_arm(12.0, 10, alpha=0.2)
+    with pytest.raises(ValueError, match="gap=0"):
+        runs_per_arm(12.0, 0)
 
 
 # ---------------------------------------------------------------- best first action rate

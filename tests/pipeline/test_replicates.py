@@ -8,7 +8,7 @@ import pytest
 from spa.eval.metrics import bootstrap_difference
 from spa.eval.paired import signed_pct_with_interval
 from spa.pipeline.layout import eval_dir
-from spa.pipeline.replicates import SEED_KEYS, difference_table, group_runs, recipe_key, seeds_of
+from spa.pipeline.replicates import SEED_KEYS, difference_table, group_runs, recipe_key, seeds_of, spread_table
 
 RECIPE = """method: spa
 seed: {seed}
@@ -94,3 +94,27 @@ def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
     (eval_dir(moved["dir"], "eval_final", "base") / "levels.json").write_text(json.dumps(
         {"env": "frozenlake", "env_config": {}, "levels": {"7": [True, False]}}))
     assert difference_table(group_runs(runs[:1] + [moved]), resamples=50).splitlines()[2].split(" | ")[4] == "-"
+
+
+def finished(method: str, seed: int, final: float | None, env: str = "frozenlake", rl: str = "iterate") -> dict:
+    """A run dict whose final evaluation scored Pass@1 ``final`` (None: not evaluated yet)."""
+    config = f"method: {method}\nseed: {seed}\nrl: {rl}\nenv: {{name: {env}, options: {{}}}}\n"
+    evals = {("eval_sft", "base"): {"pass_at_k": {"pass@1": 0.2}}}
+    if final is not None:
+        evals[("eval_final", "base")] = {"pass_at_k": {"pass@1": final}}
+    return {"name": f"{method}{seed}", "dir": f"{method}{seed}", "config": config, "evals": evals}
+
+
+def test_the_seed_spread_is_pooled_per_environment_and_rl_stage():
+    runs = [finished("vanilla", 0, 0.60), finished("vanilla", 1, 0.40), finished("vanilla", 2, 0.50),
+            finished("spa", 0, 0.45), finished("spa", 1, 0.55), finished("spa", 2, None),  # still running
+            finished("state", 0, 0.9),  # one finished run: no spread
+            finished("vanilla", 0, 0.1, env="sokoban"), finished("vanilla", 1, 0.3, env="sokoban"),
+            finished("vanilla", 0, 0.1, rl="ppo")]
+    lines = spread_table(group_runs(runs)).splitlines()
+    assert lines[0].endswith("| runs per arm for a gap of 10 / 20 / 30 points |")
+    # FrozenLake: squares 100 + 100 + 0 (vanilla) and 25 + 25 (spa) over df 2 + 1: sd 9.1 points;
+    # 2 (1.96 + 0.84)^2 9.1^2 / 10^2 = 13.1, so 14 runs at a gap of 10.
+    assert lines[2:] == ["| frozenlake | iterate | 2 | 5 | 9.1 | 3 | 14 / 4 / 2 |",
+                         "| sokoban | iterate | 1 | 2 | 14.1 | 1 | 32 / 8 / 4 |"]
+    assert spread_table(group_runs(runs[6:7] + runs[9:])) is None

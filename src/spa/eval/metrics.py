@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from statistics import mean, stdev
+from statistics import NormalDist, mean, stdev
 
 import numpy as np
 
@@ -239,6 +239,35 @@ def bootstrap_difference(first: list[list[float]], second: list[list[float]], re
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(replicates, [tail, 100 - tail])
     return float(a.mean() - b.mean()), float(low), float(high)
+
+
+def pooled_sd(groups: list[list[float]]) -> tuple[float, int]:
+    """``(sd, df)``: the standard deviation within groups, pooled over the groups.
+
+    ``groups[g]`` holds one score per replicate run of group ``g`` (e.g. each seed's final
+    Pass@1). Each group's squared deviations from its own mean are summed over all groups and
+    divided by ``df = sum(len(g) - 1)``, so a difference between the groups' means does not
+    count as spread. Groups of one run add nothing; at least one group needs two runs.
+    """
+    df = sum(len(g) - 1 for g in groups if g)
+    if df < 1:
+        raise ValueError(f"pooled_sd needs a group with at least 2 runs; got group sizes {[len(g) for g in groups]}")
+    squares = sum(sum((x - mean(g)) ** 2 for x in g) for g in groups if g)
+    return math.sqrt(squares / df), df
+
+
+def runs_per_arm(sd: float, gap: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Replicate runs per arm that a two-sided test at level ``alpha`` needs to detect a
+    difference of ``gap`` between two arms with probability ``power``, when each run's score
+    spreads with standard deviation ``sd``: ``ceil(2 (z_{1-alpha/2} + z_power)^2 sd^2 / gap^2)``
+    (normal approximation, equal arms; with few runs the t distribution asks a little more),
+    and at least 2, the fewest that show a spread.
+    """
+    if sd < 0 or gap <= 0 or not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"runs_per_arm needs sd >= 0, gap > 0, 0 < alpha < 1, 0 < power < 1; "
+                         f"got sd={sd}, gap={gap}, alpha={alpha}, power={power}")
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return max(2, math.ceil(round(2 * (z * sd / gap) ** 2, 9)))  # round: 4.000...01 is 4
 
 
 def pct_with_interval(value: float | None, interval=None) -> str:

@@ -22,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
-from spa.eval.metrics import bootstrap_difference, bootstrap_interval, pass_at_k, pct_with_interval  # noqa: E402
+from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, pass_at_k, pct_with_interval,  # noqa: E402
+                              pooled_sd, runs_per_arm)
 from spa.eval.paired import LEVELS, read_levels, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
@@ -215,6 +216,36 @@ def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str |
         return None
     return "\n".join(["| group | minus | env | before RL Pass@1 | final Pass@1 | final Pass@8 |",
                       "|---|---|---|---:|---:|---:|", *rows])
+
+
+#: The differences of final Pass@1, in points, that :func:`spread_table` sizes seeds for.
+GAPS = (10, 20, 30)
+
+
+def spread_table(groups: list[list[dict]]) -> str | None:
+    """How much a final Pass@1 varies from seed to seed, per environment and RL stage
+    (:func:`_rl_setting`): the standard deviation within groups, pooled over the groups that
+    have two or more finished runs (:func:`spa.eval.metrics.pooled_sd`), and the runs per
+    arm it takes to tell two recipes apart by each of ``GAPS``
+    (:func:`spa.eval.metrics.runs_per_arm`, 5% two-sided, 80% power). None without such
+    groups."""
+    settings: dict[tuple, list[list[float]]] = {}
+    for group in groups:
+        finals = [hit[1]["pass_at_k"]["pass@1"] for run in group
+                  if (hit := model_eval(run, ("eval_final",), final_mode(run))) and "pass@1" in hit[1].get("pass_at_k", {})]
+        if len(finals) > 1:
+            settings.setdefault(_rl_setting(group[0]), []).append([100 * f for f in finals])
+    rows = []
+    for (env, options, rl), finals in settings.items():
+        sd, df = pooled_sd(finals)
+        seeds = " / ".join(str(runs_per_arm(sd, gap)) for gap in GAPS)
+        shown = "" if options == "{}" else f" {options}"
+        rows.append(f"| {env}{shown} | {rl} | {len(finals)} | {sum(map(len, finals))} | {sd:.1f} | {df} | {seeds} |")
+    if not rows:
+        return None
+    return "\n".join(["| env | RL | groups | runs | SD of final Pass@1 (points) | df "
+                      f"| runs per arm for a gap of {' / '.join(map(str, GAPS))} points |",
+                      "|---|---|---:|---:|---:|---:|---:|", *rows])
 
 
 def _rl_setting(run: dict) -> tuple[str, str, str]:

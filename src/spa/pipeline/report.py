@@ -23,7 +23,7 @@ from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noq
 from spa.io import atomic_write_text  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.replicates import (SEED_KEYS, difference_table, final_mode, group_runs, group_table,  # noqa: E402
-                                     model_eval, plot_passk, trajectories_path)
+                                     model_eval, plot_passk, spread_table, trajectories_path)
 from spa.pipeline.rounds import plot_rounds, round_table  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
@@ -282,6 +282,14 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
                     "interval too narrow, not too wide.")
     sections = ["## Against plain RL", "", against, "", against_note, ""] if against else []
+    spread = spread_table(groups)
+    if spread:
+        sections += ["## Seed spread", "", spread, "",
+                     "The standard deviation of the final Pass@1 between runs of one recipe, pooled over the "
+                     "recipes with two or more finished runs (df: runs minus recipes), and the runs each of two "
+                     "recipes needs to show a true difference of that many points with a 5% two-sided test at "
+                     "80% power: 2 (1.96 + 0.84)^2 SD^2 / gap^2, rounded up (normal approximation). The SD "
+                     "includes the noise of the evaluation's samples.", ""]
     curves = round_table(groups, resamples)
     if curves and plot_rounds(groups, out / "rounds.png"):
         sections += ["## Learning curves (expert iteration)", "", curves, "",
