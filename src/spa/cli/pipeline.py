@@ -58,8 +58,9 @@ def compare(
 
     The tables have Pass@1 and Pass@8 of the base model, before RL and after, and the
     paired Pass@1 gain of RL (as spa paired); runs of one recipe with other seeds form a
-    group, shown as mean and 95% bootstrap interval over seeds and levels. Plots: training
-    curves and Pass@k for k = 1..8 per group.
+    group, shown as mean and 95% bootstrap interval over seeds and levels, each group against
+    plain RL, and the seed spread with the runs per arm a gap needs. Plots: training curves
+    and Pass@k for k = 1..8 per group.
     """
     from spa.pipeline.report import compare as write_comparison
 
