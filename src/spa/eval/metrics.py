@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from statistics import NormalDist, mean, stdev
+from statistics import NormalDist, mean, stdev, variance
 
 import numpy as np
 
@@ -249,11 +249,11 @@ def pooled_sd(groups: list[list[float]]) -> tuple[float, int]:
     divided by ``df = sum(len(g) - 1)``, so a difference between the groups' means does not
     count as spread. Groups of one run add nothing; at least one group needs two runs.
     """
-    df = sum(len(g) - 1 for g in groups if g)
+    spread = [g for g in groups if len(g) > 1]
+    df = sum(len(g) - 1 for g in spread)
     if df < 1:
         raise ValueError(f"pooled_sd needs a group with at least 2 runs; got group sizes {[len(g) for g in groups]}")
-    squares = sum(sum((x - mean(g)) ** 2 for x in g) for g in groups if g)
-    return math.sqrt(squares / df), df
+    return math.sqrt(sum((len(g) - 1) * variance(g) for g in spread) / df), df
 
 
 def runs_per_arm(sd: float, gap: float, alpha: float = 0.05, power: float = 0.8) -> int:

@@ -127,14 +127,19 @@ def per_level(run: dict, stage: str, mode: str, k: int) -> list[float] | None:
     return [pass_at_k(n, c, k) for n, c in counts]
 
 
-def group_cell(group: list[dict], stages: tuple[str, ...], k: int, resamples: int) -> str:
-    """Pass@k of one evaluated model over a group's runs: :func:`replicate_cell` of the
-    first of ``stages`` each run evaluated."""
-    found = []
+def reached(group: list[dict], stages: tuple[str, ...], k: int):
+    """``(run, stage, metrics)`` of each run of a group whose first of ``stages`` evaluated
+    in its final mode (:func:`model_eval`) recorded Pass@k."""
     for run in group:
         hit = model_eval(run, stages, final_mode(run))
         if hit and f"pass@{k}" in hit[1].get("pass_at_k", {}):
-            found.append((hit[1], per_level(run, hit[0], final_mode(run), k)))
+            yield run, *hit
+
+
+def group_cell(group: list[dict], stages: tuple[str, ...], k: int, resamples: int) -> str:
+    """Pass@k of one evaluated model over a group's runs: :func:`replicate_cell` of the
+    first of ``stages`` each run evaluated."""
+    found = [(metrics, per_level(run, stage, final_mode(run), k)) for run, stage, metrics in reached(group, stages, k)]
     return replicate_cell(found, len(group), k, resamples)
 
 
@@ -231,10 +236,9 @@ def spread_table(groups: list[list[dict]]) -> str | None:
     groups."""
     settings: dict[tuple, list[list[float]]] = {}
     for group in groups:
-        finals = [hit[1]["pass_at_k"]["pass@1"] for run in group
-                  if (hit := model_eval(run, ("eval_final",), final_mode(run))) and "pass@1" in hit[1].get("pass_at_k", {})]
+        finals = [100 * metrics["pass_at_k"]["pass@1"] for _, _, metrics in reached(group, ("eval_final",), 1)]
         if len(finals) > 1:
-            settings.setdefault(_rl_setting(group[0]), []).append([100 * f for f in finals])
+            settings.setdefault(_rl_setting(group[0]), []).append(finals)
     rows = []
     for (env, options, rl), finals in settings.items():
         sd, df = pooled_sd(finals)
