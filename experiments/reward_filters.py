@@ -15,7 +15,12 @@ best-first rate a uniformly random move would have on the same states. A filter 
 kept turns beat it only by choosing easy states (near the goal, several best moves) has
 little to teach about which move to make.
 
-    python experiments/reward_filters.py runs/eval/trajectories.jsonl [--group 4]
+    python experiments/reward_filters.py runs/eval/trajectories.jsonl [--group 4] [--value]
+
+``--value`` adds the label of ``spa iterate --keep value``: the turns whose first move has
+the highest Monte-Carlo value at its state (the reward under random continuation on copies
+of the environment, ``spa.rl.values``), found by replaying each episode; it takes about a
+minute for a thousand episodes.
 
 ``--group`` splits each level's samples into groups of that size, as ``spa iterate
 --samples`` plays them (the group filters compare only within a group).
@@ -27,11 +32,13 @@ import json
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
 
 import typer
 
+from spa.agent.rollout import Trajectory
 from spa.envs.frozen_lake import ACTIONS, FrozenLakeEnv
+from spa.rl.values import label_turns
 
 Episode = dict  # one trajectories.jsonl record
 #: A filter gives each well-formed turn of a group's episodes a weight (0: dropped).
@@ -85,6 +92,16 @@ def fastest(group: list[Episode]) -> list[tuple[dict, float]]:
     return [(turn, 1.0) for e in group if e["success"] and steps(e) == min(won) for turn in turns(e)]
 
 
+def by_value(rollouts: int, horizon: int) -> Filter:
+    """The turns whose first move is best by Monte-Carlo value (``spa iterate --keep value``)."""
+    def weigh(group: list[Episode]) -> list[tuple[dict, float]]:
+        replayed = [Trajectory.from_json(e) for e in group]
+        label_turns(replayed, rollouts, horizon, tolerance=0.0, seed=0)
+        return [(turn, 1.0) for e, t in zip(group, replayed) for turn, labelled in zip(e["turns"], t.turns)
+                if turn["format_ok"] and labelled.value_first]
+    return weigh
+
+
 FILTERS: dict[str, Filter] = {
     "all turns": outcome(lambda e: 1.0),
     "winners (spa iterate --keep winners)": outcome(lambda e: float(e["success"])),
@@ -120,14 +137,20 @@ def groups_of(episodes: list[Episode], size: int) -> list[list[Episode]]:
     return out
 
 
-def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples per group.")) -> None:
+def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples per group."),
+         value: Annotated[bool, typer.Option(help="Add the Monte-Carlo value label (spa iterate --keep value).")]
+         = False,
+         rollouts: Annotated[int, typer.Option(min=1, help="--value: continuations per action and state.")] = 64,
+         horizon: Annotated[int, typer.Option(min=1, help="--value: actions per continuation.")] = 5) -> None:
+    filters = {**FILTERS, f"first move best by value, {rollouts} x {horizon} (spa iterate --keep value)":
+               by_value(rollouts, horizon)} if value else FILTERS
     episodes = [json.loads(line) for line in trajectories.read_text(encoding="utf-8").splitlines() if line]
     grouped = groups_of(episodes, group)
     print(f"{len(episodes)} episodes, success {100 * sum(e['success'] for e in episodes) / len(episodes):.1f}%")
     lake = episodes[0]["env"] == "frozenlake"
     print("| filter | turns kept | total weight | best first move (weighted) |"
           + (" a random move's rate on the same states |" if lake else "") + "\n|---|---|---|---|" + "---|" * lake)
-    for name, weigh in FILTERS.items():
+    for name, weigh in filters.items():
         rows = [row for g in grouped for row in weigh(g) if row[1] > 0]
         total = sum(w for _, w in rows)
         best = sum(w for turn, w in rows if turn["best_first"]) / total if total else float("nan")

@@ -80,6 +80,36 @@ def test_main_adds_the_chance_column_on_the_lake(filters, tmp_path, capsys):
     assert "| winners (spa iterate --keep winners) | 1 | 1 | 100.0% | 25.0% |" in capsys.readouterr().out
 
 
+def test_main_adds_the_value_label_on_saved_trajectories(filters, tmp_path, capsys):
+    """Random play on a lake without slips, saved as an evaluation saves it: the value label
+    keeps fewer turns than all of them, and more of them begin a shortest path."""
+    from spa.worldmodel.selfplay import SelfPlayConfig, collect
+
+    config = SelfPlayConfig(env="frozenlake", env_config={"size": 3, "is_slippery": False}, episodes=16, samples=4,
+                            max_turns=3, max_actions_per_turn=1, exploration="random", mode="base")
+    path = tmp_path / "trajectories.jsonl"
+    episodes = [t.to_json() for t in collect(None, None, config)]
+    for episode in episodes:  # random exploration leaves the solver's label unset; the rows need it
+        env = make_lake(episode)
+        for turn in episode["turns"]:
+            turn["best_first"] = turn["actions"][0] in (env.best_actions() or ())
+            env.step(turn["actions"][0])
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    filters.main(path, group=4, value=True, rollouts=32, horizon=3)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()}
+    value = rows["first move best by value, 32 x 3 (spa iterate --keep value)"]
+    assert 0 < int(value[1]) < int(rows["all turns"][1])
+    assert float(value[3].rstrip("%")) > float(rows["all turns"][3].rstrip("%"))
+
+
+def make_lake(episode: dict):
+    from spa.envs import make
+
+    env = make("frozenlake", **episode["env_config"])
+    env.reset(seed=episode["seed"])
+    return env
+
+
 COMPARISON = Path(__file__).parent.parent / "experiments" / "comparison.sh"
 
 

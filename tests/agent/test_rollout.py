@@ -1,9 +1,11 @@
 """Rollout bookkeeping with a scripted engine (exact control over every response)."""
 
+import json
+
 import pytest
 
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, Turn, rollout
+from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds
 from spa.envs import make
 from spa.eval.metrics import summarize
@@ -158,3 +160,14 @@ def test_best_first_is_none_without_a_solution_and_old_turns_still_load(tiny):
     record = trajectory.to_json()["turns"][0]
     del record["best_first"]
     assert Turn(**record).best_first is None
+
+
+def test_a_trajectory_reads_back_from_its_json_record(tiny):
+    _, tokenizer = tiny
+    config = RolloutConfig("frozenlake", {"desc": "SFG/FHF/FFF", "is_slippery": False}, PromptConfig(max_turns=2))
+    (trajectory,) = rollout(ScriptedEngine(tokenizer, [[wm("Right")], [wm("Right")]]), tokenizer, [0], 1, config,
+                            SamplingParams())
+    record = json.loads(json.dumps(trajectory.to_json()))
+    assert Trajectory.from_json(record) == trajectory and trajectory.success
+    del record["turns"][0]["value_first"]  # saved before the field existed
+    assert Trajectory.from_json(record).turns[0].value_first is None

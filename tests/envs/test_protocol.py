@@ -2,6 +2,7 @@
 
 import copy
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,3 +140,42 @@ def test_best_actions_are_canonical_valid_actions(name):
             assert env.canonical_action(f" {action.lower()}. ") == action
             probe = copy.deepcopy(env)
             assert probe.step(action)[4]["action_valid"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_fork_plays_on_without_touching_the_original(name):
+    """A fork with a copy of the original's generator replays exactly what the original
+    then does; playing it first changes nothing in the original, its generator included."""
+    env = envs.make(name)
+    env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        env.step(env.random_action(rng))
+    before, draws = env.state_text(), copy.deepcopy(env.np_random.bit_generator.state)
+    moves = [env.random_action(rng) for _ in range(12)]
+    twin = env.fork(copy.deepcopy(env.np_random))
+    played = [twin.simulate(move) for move in moves]
+    assert env.state_text() == before and env.np_random.bit_generator.state == draws
+    for move, (reward, ended) in zip(moves, played):
+        _, step_reward, terminated, truncated, _ = env.step(move)
+        assert (reward, ended) == (step_reward, terminated or truncated)
+    assert twin.state_text() == env.state_text() and twin.steps == env.steps
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_simulate_ignores_an_invalid_action(name):
+    env = envs.make(name)
+    env.reset(seed=1)
+    before = env.state_text()
+    assert env.simulate("fly") == (0.0, False) and env.state_text() == before and env.steps == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_listed_actions_are_canonical_and_valid(name):
+    env = envs.make(name)
+    env.reset(seed=2)
+    actions = env.legal_actions()
+    assert envs.lists_actions(name) == (actions is not None)
+    for action in actions or ():
+        assert env.canonical_action(action) == action and env.fork(np.random.default_rng(0)).step(action)[4][
+            "action_valid"]

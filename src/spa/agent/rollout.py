@@ -12,7 +12,7 @@ PPO/GRPO groups need.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from spa.agent.parsing import parse_response
@@ -49,6 +49,9 @@ class Turn:
     # How many of the turn's leading played actions each began a shortest solution from the
     # state it was taken in (0 when the first did not); None where the env has no solver.
     best_run: int | None = None
+    # Whether the first action is among the best by Monte-Carlo value under random continuation
+    # (spa.rl.values.label_turns); None until labelled, which only keep="value" asks for.
+    value_first: bool | None = None
 
     @property
     def any_valid(self) -> bool:
@@ -81,6 +84,14 @@ class Trajectory:
         record = asdict(self)
         record["total_reward"] = self.total_reward
         return record
+
+    @classmethod
+    def from_json(cls, record: dict) -> Trajectory:
+        """The trajectory a :meth:`to_json` record (a line of ``trajectories.jsonl``) describes."""
+        names = {f.name for f in fields(cls)} - {"turns"}
+        turn_names = {f.name for f in fields(Turn)}
+        return cls(**{k: v for k, v in record.items() if k in names},
+                   turns=[Turn(**{k: v for k, v in turn.items() if k in turn_names}) for turn in record["turns"]])
 
 
 @dataclass

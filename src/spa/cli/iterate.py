@@ -24,7 +24,10 @@ def iterate(
                                              "task's reward), best (first action on a shortest solution), "
                                              "best_prefix (those, answer cut to its leading best actions) or "
                                              "best_grounded (best, own observation and prediction "
-                                             "in the loss only where right; --mode world_model)."),
+                                             "in the loss only where right; --mode world_model) or value "
+                                             "(first action best by Monte-Carlo value: the task's reward "
+                                             "under random continuation, no solver; its settings by --set "
+                                             "value_rollouts=64, value_horizon=5, value_tolerance=0)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),

@@ -27,6 +27,7 @@ into that dataclass, so an unknown key is an error that lists the valid ones.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -118,6 +119,41 @@ class TextEnv(gym.Env, ABC):
         solution exists or was found within the solver's budget."""
         return None
 
+    #: The attributes an episode changes in place (a set of boxes, a board), which
+    #: :meth:`fork` must copy; ``None``: copy every attribute of the episode (safe, slower).
+    #: Attributes only ever reassigned (a position tuple) are shared until reassigned.
+    _mutable_state: ClassVar[tuple[str, ...] | None] = None
+
+    def legal_actions(self) -> tuple[str, ...] | None:
+        """Every action worth trying in the current state, canonically spelt, for look-ahead
+        that compares them all (``spa.rl.values``); ``None`` where the environment does not
+        list them."""
+        return None
+
+    def fork(self, rng: np.random.Generator) -> TextEnv:
+        """A copy of the episode in its current state that draws its own randomness (slips)
+        from ``rng``; playing it leaves this environment as it was. The configuration and
+        spaces are shared, the episode's state is copied."""
+        twin = copy.copy(self)
+        mutable = self._mutable_state
+        for name, value in vars(self).items():
+            if name not in _SHARED_ATTRIBUTES and (mutable is None or name in mutable):
+                setattr(twin, name, copy.deepcopy(value))
+        twin._np_random = rng
+        return twin
+
+    def simulate(self, action: str) -> tuple[float, bool]:
+        """:meth:`step` without the observation text and info, for fast look-ahead on a
+        :meth:`fork`: ``(reward, ended)``, ``ended`` once the episode terminated or was
+        truncated. An invalid action changes nothing and gives ``(0.0, False)``."""
+        parsed = self._parse_action(action)
+        outcome = None if parsed is None else self._apply(parsed)
+        if outcome is None or isinstance(outcome, str):
+            return 0.0, False
+        reward, terminated = outcome
+        self.steps += 1
+        return float(reward), terminated or self.steps >= self.config.max_steps
+
     def canonical_action(self, text: str) -> str | None:
         """The one spelling of the action ``text`` names (``" left. "`` -> ``"Left"``), the
         one ``best_actions`` uses; ``None`` when ``text`` names no action."""
@@ -175,6 +211,11 @@ class TextEnv(gym.Env, ABC):
         return self.render(), 0.0, False, False, info
 
 
+#: Attributes a :meth:`TextEnv.fork` shares with its original instead of copying: fixed for
+#: the environment's life (the random generator is replaced).
+_SHARED_ATTRIBUTES = frozenset({"config", "observation_space", "action_space", "render_mode", "_np_random"})
+
+
 # -- registry -----------------------------------------------------------------------
 
 _REGISTRY: dict[str, type[TextEnv]] = {}
@@ -191,6 +232,11 @@ def register(cls: type[TextEnv]) -> type[TextEnv]:
 def has_solver(name: str) -> bool:
     """Whether environment ``name`` implements :meth:`TextEnv.best_actions`."""
     return env_class(name).best_actions is not TextEnv.best_actions
+
+
+def lists_actions(name: str) -> bool:
+    """Whether environment ``name`` implements :meth:`TextEnv.legal_actions`."""
+    return env_class(name).legal_actions is not TextEnv.legal_actions
 
 
 def env_names() -> list[str]:

@@ -147,6 +147,7 @@ class FrozenLakeEnv(TextEnv):
 
     name = "frozenlake"
     action_help = "write exactly one of: Left, Down, Right, Up"
+    _mutable_state = ()  # the position and step count are reassigned, the map never changes
 
     @dataclasses.dataclass
     class Config:
@@ -217,6 +218,9 @@ class FrozenLakeEnv(TextEnv):
 
     def random_action(self, rng: np.random.Generator) -> str:
         return ACTIONS[int(rng.integers(len(ACTIONS)))]
+
+    def legal_actions(self) -> tuple[str, ...]:
+        return ACTIONS
 
     def best_actions(self) -> frozenset[str] | None:
         """The moves whose intended tile is strictly closer to the goal around the holes

@@ -167,6 +167,7 @@ class Sokoban(TextEnv):
     name: ClassVar[str] = "sokoban"
     Config: ClassVar[type] = SokobanConfig
     action_help: ClassVar[str] = "Answer with one of Up, Down, Left, Right."
+    _mutable_state = ("_boxes",)  # pushes change the set in place; the rest is reassigned or fixed
 
     def __init__(self, config: SokobanConfig | None = None) -> None:
         super().__init__(config)
@@ -282,6 +283,9 @@ class Sokoban(TextEnv):
 
     def random_action(self, rng: np.random.Generator) -> str:
         return list(MOVES)[int(rng.integers(len(MOVES)))].capitalize()
+
+    def legal_actions(self) -> tuple[str, ...]:
+        return ACTIONS
 
     def best_actions(self) -> frozenset[str] | None:
         """The moves whose successor is one step closer to solved (:func:`solve`'s

@@ -179,6 +179,7 @@ class SudokuEnv(TextEnv):
     name = "sudoku"
     Config = SudokuConfig
     coordinate_base = 1  # describe() names cells as the r,c,v actions do
+    _mutable_state = ("board",)  # moves write into the board's rows
     action_help = (
         "write r,c,v to put value v in row r, column c, all counted from 1 (e.g. 1,2,3)"
     )

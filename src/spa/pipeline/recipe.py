@@ -56,6 +56,7 @@ from spa.models.loading import DEFAULT_MODEL
 from spa.rl.expert_iteration import IterateConfig
 from spa.rl.ppo import PPOConfig
 from spa.rl.rwml_train import RWMLConfig
+from spa.worldmodel.selfplay import check_value_settings
 from spa.worldmodel.sft import SFTConfig
 
 METHODS = ("vanilla", "state_estimation", "spa", "rwml", "rwml+ppo", "vagen")
@@ -142,7 +143,14 @@ class IterateSection:
         "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
                 "on a shortest solution: a solver's label), best_prefix (those, answer cut to its leading best "
                 "actions) or best_grounded (best turns, own observation and prediction in the loss only where right; "
-                "world-model prompt; vagen's reward)."})
+                "world-model prompt; vagen's reward) or value (first action best by Monte-Carlo value: the task's "
+                "reward under random continuation; no solver)."})
+    value_rollouts: int = field(default=IterateConfig.value_rollouts, metadata={
+        "help": "keep: value: random continuations per action and state."})
+    value_horizon: int = field(default=IterateConfig.value_horizon, metadata={
+        "help": "keep: value: actions per continuation, the first one included."})
+    value_tolerance: float = field(default=IterateConfig.value_tolerance, metadata={
+        "help": "keep: value: actions within this of the highest value count as best."})
     lr: float = field(default=SFTConfig.lr, metadata={"help": "Peak SFT learning rate of each round."})
     max_new_tokens: int = field(default=IterateConfig.max_new_tokens, metadata={
         "help": "New-token cap per turn while playing."})
@@ -155,7 +163,9 @@ class IterateSection:
     def config(self, seed: int, precision_name: str = "auto") -> IterateConfig:
         sft = replace(IterateConfig().sft, lr=self.lr, precision=precision_name)
         return IterateConfig(rounds=self.rounds, episodes=self.episodes, samples=self.samples, keep=self.keep,
-                             max_new_tokens=self.max_new_tokens, seed=seed, sft=sft)
+                             value_rollouts=self.value_rollouts, value_horizon=self.value_horizon,
+                             value_tolerance=self.value_tolerance, max_new_tokens=self.max_new_tokens, seed=seed,
+                             sft=sft)
 
 
 @dataclass
@@ -222,6 +232,9 @@ class Recipe:
         if self.rl == "iterate" and self.iterate.keep == "best_grounded" and self.rl_mode != "world_model":
             raise ValueError(f"iterate.keep: best_grounded needs the world-model prompt in RL (prompt.mode "
                              f"{self.rl_mode!r} writes no observation or prediction to check)")
+        if self.rl == "iterate" and self.iterate.keep == "value":
+            check_value_settings(self.env.name, self.iterate.value_rollouts, self.iterate.value_horizon,
+                                 self.iterate.value_tolerance)
 
     def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
         """A stage's own precision where it sets one, else the recipe's."""

@@ -12,6 +12,9 @@ the actions played), and one SFT run on them gives the next round's policy:
 * ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
   that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
   correct moves taught; README, "Correct moves from the model's own samples").
+* ``keep="value"``: the turns whose first action has the highest Monte-Carlo value at its
+  state, the task's reward under random continuation on copies of the environment
+  (``spa.rl.values``): a per-turn label from the reward alone, where a solver is not needed;
 * ``keep="best_grounded"``: in the world-model prompt, the best turns as written, each
   own ``<observation>`` / ``<prediction>`` in the loss only where it was right: VAGEN's
   reward for grounded states beside the solver's label (the ``vagen`` method under
@@ -64,7 +67,10 @@ class IterateConfig:
     rounds: int = 3
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
-    keep: str = "winners"  # winners | best | best_prefix | best_grounded
+    keep: str = "winners"  # winners | best | best_prefix | best_grounded | value
+    value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.rl.values
+    value_horizon: int = SelfPlayConfig.value_horizon
+    value_tolerance: float = SelfPlayConfig.value_tolerance
     new_levels: bool = True  # each round plays the next block of training levels, not the same ones
     max_new_tokens: int = 64  # per turn while playing
     temperature: float = 1.0
@@ -90,7 +96,9 @@ def selfplay_config(config: IterateConfig, rollout: RolloutConfig, round_: int) 
         env=rollout.env, env_config=dict(rollout.env_config), episodes=config.episodes, samples=config.samples,
         seed_start=(round_ - 1) * config.levels if config.new_levels else 0, max_turns=rollout.prompt.max_turns,
         max_actions_per_turn=rollout.prompt.max_actions_per_turn, max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, seed=config.seed + round_ - 1, mode=rollout.prompt.mode, keep=config.keep)
+        temperature=config.temperature, seed=config.seed + round_ - 1, mode=rollout.prompt.mode, keep=config.keep,
+        value_rollouts=config.value_rollouts, value_horizon=config.value_horizon,
+        value_tolerance=config.value_tolerance)
 
 
 def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig, out: str | Path,

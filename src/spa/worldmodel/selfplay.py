@@ -51,14 +51,15 @@ from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
-from spa.envs import env_class, has_solver, make
+from spa.envs import env_class, env_names, has_solver, lists_actions, make
 from spa.eval.metrics import grid_cells
 from spa.rl.rewards import state_match
+from spa.rl.values import label_turns
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
-KEEP = ("all", "winners", "best", "best_prefix", "best_grounded")
+KEEP = ("all", "winners", "best", "best_prefix", "best_grounded", "value")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
 
@@ -84,6 +85,10 @@ class SelfPlayConfig:
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
     keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
     #                    | best_grounded (best, own states in the loss only where right)
+    #                    | value (first action best by Monte-Carlo value: spa.rl.values)
+    value_rollouts: int = 64  # keep="value": random continuations per action and state
+    value_horizon: int = 5  # keep="value": actions per continuation, the first one included
+    value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -106,6 +111,8 @@ class SelfPlayConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
+        if self.keep == "value":
+            check_value_settings(self.env, self.value_rollouts, self.value_horizon, self.value_tolerance)
 
     @property
     def prompt(self) -> PromptConfig:
@@ -220,10 +227,25 @@ def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Tra
     return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn)
 
 
+def check_value_settings(env: str, rollouts: int, horizon: int, tolerance: float) -> None:
+    """The checks of ``keep="value"``'s settings, each error naming the bad value."""
+    if not lists_actions(env):
+        listing = [name for name in env_names() if lists_actions(name)]
+        raise ValueError(f"keep='value' needs an environment that lists its actions (legal_actions); {env} "
+                         f"does not. Valid: {', '.join(listing)}")
+    for name, value in (("value_rollouts", rollouts), ("value_horizon", horizon)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
+        raise ValueError(f"value_tolerance={tolerance!r} must be a non-negative number")
+
+
 def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
     """Whether a well-formed turn passes the ``keep`` filter."""
     if keep == "winners":
         return trajectory.success
+    if keep == "value":
+        return bool(turn.value_first)
     if keep in ("best", "best_prefix", "best_grounded"):
         if turn.best_first is None and not has_solver(trajectory.env):
             raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
@@ -247,6 +269,8 @@ def _rate(hits: int, total: int) -> float | None:
 def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tuple[list[dict], dict]:
     """SFT examples (one per kept turn) and counts of what was kept and dropped."""
     rng = np.random.default_rng(config.seed + 1)
+    if config.keep == "value":
+        label_turns(trajectories, config.value_rollouts, config.value_horizon, config.value_tolerance, config.seed)
     counts: Counter[str] = Counter()
     examples = []
     for trajectory in trajectories:
