@@ -10,6 +10,9 @@
 #   ENV-ablations           the paper's four SPA ablations on ENV (frozenlake or sokoban), seed 0;
 #   ENV-rows                SPA playing its rounds in the world-model prompt, VAGEN-style
 #                           rewards (rounds that keep grounded states) and RWML, seeds 0-2;
+#   ENV-value               vanilla and SPA on ENV with the rounds' label from the task's reward
+#                           alone (iterate.keep=value: the first move best by Monte-Carlo
+#                           value) instead of the solver's, seeds 0-2;
 #   sudoku                  vanilla and SPA on Sudoku 4x4, seeds 0-2;
 #   frozenlake-transfer     vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6,
 #                           seeds 0-2.
@@ -36,7 +39,8 @@ esac
 threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / LANES ))  # nproc alone obeys OMP_NUM_THREADS
 if [ "$threads" -lt 1 ]; then threads=1; fi
 groups=("${@:-frozenlake}")
-valid="frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer"
+valid="frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, frozenlake-rows, sokoban-rows, frozenlake-value,"
+valid="$valid sokoban-value, sudoku, frozenlake-transfer"
 for group in "${groups[@]}"; do
   case ", $valid, " in
     *", $group, "*) ;;
@@ -76,6 +80,8 @@ cells() {  # cells GROUP: one line per cell, "PREFIX METHOD SEED [VARIANT key=va
         "$env spa 0 random_exploration selfplay.exploration=random" \
         "$env spa 0 random_coords selfplay.coords=random" "$env spa 0 masked_states sft.mask_states=true" ;;
     *-rows) for seed in 0 1 2; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env vagen $seed" "$env rwml $seed"; done ;;
+    *-value) for seed in 0 1 2; do printf '%s\n' "$env spa $seed value iterate.keep=value" \
+      "$env vanilla $seed value iterate.keep=value"; done ;;
     *) for seed in 0 1 2; do printf '%s\n' "$1 spa $seed" "$1 vanilla $seed"; done ;;  # sudoku, the transfer
   esac
 }

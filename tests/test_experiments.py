@@ -150,10 +150,11 @@ def test_the_comparison_runs_every_cell_of_a_group_from_an_existing_recipe_and_a
 
 def test_two_lanes_run_every_cell_of_every_group_once_from_its_recipe(tmp_path):
     calls, _ = comparison_calls(tmp_path, "frozenlake", "sokoban", "frozenlake-ablations", "sokoban-ablations",
-                                "frozenlake-rows", "sokoban-rows", "sudoku", "frozenlake-transfer")
+                                "frozenlake-rows", "sokoban-rows", "frozenlake-value", "sokoban-value", "sudoku",
+                                "frozenlake-transfer")
     runs = [c for c in calls if c[0] == "run"]
     names = [c[c.index("--name") + 1] for c in runs]
-    assert len(names) == len(set(names)) == 2 * (9 + 4 + 9) + 6 + 6  # each claimed by one lane
+    assert len(names) == len(set(names)) == 2 * (9 + 4 + 9 + 6) + 6 + 6  # each claimed by one lane
     for c in runs:
         assert (COMPARISON.parent.parent / c[1]).is_file(), c[1]  # the recipe exists
         assert c[c.index("--name") + 1].startswith(c[1].removeprefix("configs/").removesuffix(".yaml"))
@@ -178,11 +179,20 @@ def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
     assert runs["frozenlake-spa-iterate-masked_states-s0"][2:] == ["sft.mask_states=true"]
 
 
+def test_the_value_group_runs_vanilla_and_spa_with_the_reward_s_label(tmp_path):
+    calls, _ = comparison_calls(tmp_path, "sokoban-value", env={"LANES": "1"})
+    runs = {c[c.index("--name") + 1]: c[1:c.index("--name")] for c in calls if c[0] == "run"}
+    assert list(runs) == [f"sokoban-{m}-iterate-value-s{s}" for s in range(3) for m in ("spa", "vanilla")]
+    assert runs["sokoban-vanilla-iterate-value-s2"] == ["configs/sokoban-vanilla-iterate.yaml", "seed=2",
+                                                        "iterate.keep=value"]
+
+
 def test_the_comparison_names_the_groups_it_knows(tmp_path):
     result = subprocess.run(["bash", str(COMPARISON), "frozen"], capture_output=True, text=True)
     assert result.returncode == 2
     assert ("unknown group 'frozen'; valid: frozenlake, sokoban, frozenlake-ablations, sokoban-ablations, "
-            "frozenlake-rows, sokoban-rows, sudoku, frozenlake-transfer") in result.stderr
+            "frozenlake-rows, sokoban-rows, frozenlake-value, sokoban-value, sudoku, "
+            "frozenlake-transfer") in result.stderr
 
 
 def test_one_lane_runs_every_cell_in_order_on_every_core(tmp_path):
