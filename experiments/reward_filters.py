@@ -140,7 +140,7 @@ def groups_of(episodes: list[Episode], size: int) -> list[list[Episode]]:
 def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples per group."),
          value: Annotated[bool, typer.Option(help="Add the Monte-Carlo value label (spa iterate --keep value).")]
          = False,
-         rollouts: Annotated[int, typer.Option(min=1, help="--value: continuations per action and state.")] = 64,
+         rollouts: Annotated[int, typer.Option(min=1, help="--value: continuations per action and state.")] = 128,
          horizon: Annotated[int, typer.Option(min=1, help="--value: actions per continuation.")] = 5) -> None:
     filters = {**FILTERS, f"first move best by value, {rollouts} x {horizon} (spa iterate --keep value)":
                by_value(rollouts, horizon)} if value else FILTERS

@@ -31,8 +31,9 @@ def selfplay(
                                                  "or self-play with --keep)."),
     keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes), best (first "
                                          "action on a shortest solution), best_prefix (those, answer cut to "
-                                         "its leading best actions) or best_grounded (best, own states in the loss "
-                                         "only where right): rejection sampling."),
+                                         "its leading best actions), best_grounded (best, own states in the loss "
+                                         "only where right) or value (first action best by Monte-Carlo value: "
+                                         "the task's reward under random continuation): rejection sampling."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,

@@ -86,7 +86,7 @@ class SelfPlayConfig:
     keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
     #                    | best_grounded (best, own states in the loss only where right)
     #                    | value (first action best by Monte-Carlo value: spa.rl.values)
-    value_rollouts: int = 64  # keep="value": random continuations per action and state
+    value_rollouts: int = 128  # keep="value": random continuations per action and state
     value_horizon: int = 5  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best
 
