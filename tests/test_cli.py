@@ -169,6 +169,10 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
     result = runner.invoke(app, args[:-2] + ["--keep", "best_grounded"], terminal_width=200)
     assert result.exit_code == 1  # before any model loads
     assert "keep='best_grounded' needs mode='world_model' (mode='base'" in flat(result.output)
+    valued = [str(tmp_path / "valued") if arg == str(out) else arg for arg in args]
+    result = runner.invoke(app, valued + ["--keep", "value", "--set", "value_rollouts=8"], terminal_width=200)
+    assert result.exit_code == 1  # no turn well-formed: the round labels them and keeps none
+    assert "round-1 kept no turn: none of 2 episodes passed keep='value'" in flat(result.output)
 
 
 def test_ppl_prints_raw_and_structured(tmp_path):
