@@ -107,8 +107,7 @@ class TextEnv(gym.Env, ABC):
         if isinstance(outcome, str):
             return self._invalid(action, outcome)
         reward, terminated = outcome
-        self.steps += 1
-        truncated = not terminated and self.steps >= self.config.max_steps
+        truncated = self._count_step(terminated)
         info = {"action_valid": True, "success": self.is_success(), "action": parsed}
         return self.render(), float(reward), terminated, truncated, info
 
@@ -151,8 +150,13 @@ class TextEnv(gym.Env, ABC):
         if outcome is None or isinstance(outcome, str):
             return 0.0, False
         reward, terminated = outcome
+        truncated = self._count_step(terminated)
+        return float(reward), terminated or truncated
+
+    def _count_step(self, terminated: bool) -> bool:
+        """Count a valid step; whether it truncates the episode (``config.max_steps`` reached)."""
         self.steps += 1
-        return float(reward), terminated or self.steps >= self.config.max_steps
+        return not terminated and self.steps >= self.config.max_steps
 
     def canonical_action(self, text: str) -> str | None:
         """The one spelling of the action ``text`` names (``" left. "`` -> ``"Left"``), the
