@@ -26,8 +26,9 @@ def iterate(
                                              "best_grounded (best, own observation and prediction "
                                              "in the loss only where right; --mode world_model) or value "
                                              "(first action best by Monte-Carlo value: the task's reward "
-                                             "under random continuation, no solver; its settings by --set "
-                                             "value_rollouts=128, value_horizon=5, value_tolerance=0)."),
+                                             "under random continuation, no solver; its settings, here at "
+                                             "their defaults: --set value_rollouts=128 --set value_horizon=5 "
+                                             "--set value_tolerance=0)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),
