@@ -92,14 +92,19 @@ def fastest(group: list[Episode]) -> list[tuple[dict, float]]:
     return [(turn, 1.0) for e in group if e["success"] and steps(e) == min(won) for turn in turns(e)]
 
 
-def by_value(rollouts: int, horizon: int) -> Filter:
-    """The turns whose first move is best by Monte-Carlo value (``spa iterate --keep value``)."""
-    def weigh(group: list[Episode]) -> list[tuple[dict, float]]:
-        replayed = [Trajectory.from_json(e) for e in group]
-        label_turns(replayed, rollouts, horizon, tolerance=0.0, seed=0)
-        return [(turn, 1.0) for e, t in zip(group, replayed) for turn, labelled in zip(e["turns"], t.turns)
-                if turn["format_ok"] and labelled.value_first]
-    return weigh
+def label_by_value(episodes: list[Episode], rollouts: int, horizon: int) -> None:
+    """Set each turn's ``value_first``, the label of ``spa iterate --keep value``, replaying
+    all episodes once (a state's label does not depend on which episode reached it)."""
+    replayed = [Trajectory.from_json(e) for e in episodes]
+    label_turns(replayed, rollouts, horizon, tolerance=0.0, seed=0)
+    for episode, trajectory in zip(episodes, replayed):
+        for turn, labelled in zip(episode["turns"], trajectory.turns):
+            turn["value_first"] = labelled.value_first
+
+
+def by_value(group: list[Episode]) -> list[tuple[dict, float]]:
+    """The turns whose first move is best by Monte-Carlo value (after :func:`label_by_value`)."""
+    return [(turn, 1.0) for episode in group for turn in turns(episode) if turn["value_first"]]
 
 
 FILTERS: dict[str, Filter] = {
@@ -143,8 +148,10 @@ def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples p
          rollouts: Annotated[int, typer.Option(min=1, help="--value: continuations per action and state.")] = 128,
          horizon: Annotated[int, typer.Option(min=1, help="--value: actions per continuation.")] = 5) -> None:
     filters = {**FILTERS, f"first move best by value, {rollouts} x {horizon} (spa iterate --keep value)":
-               by_value(rollouts, horizon)} if value else FILTERS
+               by_value} if value else FILTERS
     episodes = [json.loads(line) for line in trajectories.read_text(encoding="utf-8").splitlines() if line]
+    if value:
+        label_by_value(episodes, rollouts, horizon)
     grouped = groups_of(episodes, group)
     print(f"{len(episodes)} episodes, success {100 * sum(e['success'] for e in episodes) / len(episodes):.1f}%")
     lake = episodes[0]["env"] == "frozenlake"
