@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from spa.config import (ConfigError, apply_overrides, describe, from_dict, load, parse_override,
-                        save, to_dict)
+                        save, to_dict, with_defaults)
 
 
 @dataclass
@@ -243,6 +243,19 @@ def test_to_dict_is_plain_and_round_trips():
     assert data["ppo"]["clip"] == [0.1, 0.3] and data["out"] == "runs/x"
     assert yaml.safe_load(yaml.safe_dump(data)) == data  # YAML-safe
     assert from_dict(Recipe, data) == tricky()
+
+
+def test_a_saved_config_reads_its_missing_keys_as_the_defaults():
+    @dataclass
+    class Run:
+        env: Env = field(default_factory=Env)
+        ppo: PPO = field(default_factory=PPO)
+
+    saved = {"env": {"options": {"size": 6}}, "ppo": {"lr": 1e-5, "removed": 1}}  # saved by another version
+    assert with_defaults(Run, saved) == {"env": {"name": "sokoban", "options": {"size": 6}},
+                                         "ppo": {"lr": 1e-5, "steps": 10, "clip": [0.2, 0.28], "normalize": True,
+                                                 "removed": 1}}
+    assert saved == {"env": {"options": {"size": 6}}, "ppo": {"lr": 1e-5, "removed": 1}}  # not modified
 
 
 def test_save_load_equality_and_atomicity(tmp_path):

@@ -300,6 +300,13 @@ def to_dict(config: Any) -> dict:
     return str(config) if isinstance(config, PurePath) else config
 
 
+def with_defaults(cls: type, data: Mapping) -> dict:
+    """Plain ``data`` (a saved config) deep-merged over ``cls()``'s defaults, not validated: a
+    key ``data`` lacks, as in a file saved before the key existed, reads as its default (a
+    new key's default keeps the behaviour from before it)."""
+    return _merge(to_dict(cls()), data)
+
+
 def save(config: Any, path: str | Path) -> Path:
     """Write ``config`` as YAML atomically (temp file beside it, then os.replace).
 

@@ -8,6 +8,8 @@ import pytest
 from spa.eval.metrics import bootstrap_difference
 from spa.eval.paired import signed_pct_with_interval
 from spa.pipeline.layout import eval_dir
+from spa.rl.expert_iteration import LABEL
+from spa.worldmodel.selfplay import KEEP
 from spa.pipeline.replicates import SEED_KEYS, difference_table, group_runs, recipe_key, seeds_of, spread_table
 
 RECIPE = """method: spa
@@ -49,7 +51,7 @@ def test_leaving_out_the_base_evaluation_does_not_split_a_group():
 
 
 def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[tuple[str, str], dict],
-              rl_options: str = "null") -> dict:
+              rl_options: str = "null", keep: str = "winners") -> dict:
     """A run dict as ``report.load_run`` gives it, with ``levels.json`` per evaluation:
     ``evals[(stage, mode)] = {level seed: [success per sample]}``."""
     folder = tmp_path / name
@@ -58,7 +60,7 @@ def evaluated(tmp_path, name: str, method: str, env: str, rl: str, evals: dict[t
         out.mkdir(parents=True)
         (out / "levels.json").write_text(json.dumps({"env": env, "env_config": {}, "levels": levels}))
     config = (f"method: {method}\nseed: {len(name)}\nrl: {rl}\n"
-              f"env: {{name: {env}, options: {{}}, rl_options: {rl_options}}}\n")
+              f"env: {{name: {env}, options: {{}}, rl_options: {rl_options}}}\niterate: {{keep: {keep}}}\n")
     return {"name": name, "dir": folder, "config": config, "evals": {key: {} for key in evals}}
 
 
@@ -96,9 +98,10 @@ def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
     assert difference_table(group_runs(runs[:1] + [moved]), resamples=50).splitlines()[2].split(" | ")[4] == "-"
 
 
-def finished(method: str, seed: int, final: float | None, env: str = "frozenlake", rl: str = "iterate") -> dict:
+def finished(method: str, seed: int, final: float | None, env: str = "frozenlake", rl: str = "iterate",
+             keep: str = "best") -> dict:
     """A run dict whose final evaluation scored Pass@1 ``final`` (None: not evaluated yet)."""
-    config = f"method: {method}\nseed: {seed}\nrl: {rl}\nenv: {{name: {env}, options: {{}}}}\n"
+    config = f"method: {method}\nseed: {seed}\nrl: {rl}\nenv: {{name: {env}, options: {{}}}}\niterate: {{keep: {keep}}}\n"
     evals = {("eval_sft", "base"): {"pass_at_k": {"pass@1": 0.2}}}
     if final is not None:
         evals[("eval_final", "base")] = {"pass_at_k": {"pass@1": final}}
@@ -115,6 +118,42 @@ def test_the_seed_spread_is_pooled_per_environment_and_rl_stage():
     assert lines[0].endswith("| runs per arm for a gap of 10 / 20 / 30 points |")
     # FrozenLake: squares 100 + 100 + 0 (vanilla) and 25 + 25 (spa) over df 2 + 1: sd 9.1 points;
     # 2 (1.96 + 0.84)^2 9.1^2 / 10^2 = 13.1, so 14 runs at a gap of 10.
-    assert lines[2:] == ["| frozenlake | iterate | 2 | 5 | 9.1 | 3 | 14 / 4 / 2 |",
-                         "| sokoban | iterate | 1 | 2 | 14.1 | 1 | 32 / 8 / 4 |"]
+    assert lines[2:] == ["| frozenlake | iterate, solver label | 2 | 5 | 9.1 | 3 | 14 / 4 / 2 |",
+                         "| sokoban | iterate, solver label | 1 | 2 | 14.1 | 1 | 32 / 8 / 4 |"]
     assert spread_table(group_runs(runs[6:7] + runs[9:])) is None
+
+
+def test_rounds_on_another_label_are_neither_pooled_nor_paired_with_the_solvers(tmp_path):
+    runs = [finished("vanilla", 0, 0.60), finished("vanilla", 1, 0.40),
+            finished("vanilla", 0, 0.20, keep="value"), finished("vanilla", 1, 0.30, keep="value")]
+    lines = spread_table(group_runs(runs)).splitlines()
+    # Squares 100 + 100 (solver) and 25 + 25 (values), df 1 + 1: one row would pool them.
+    assert lines[2:] == ["| frozenlake | iterate, solver label | 1 | 2 | 14.1 | 1 | 32 / 8 / 4 |",
+                         "| frozenlake | iterate, value label | 1 | 2 | 7.1 | 1 | 8 / 2 / 2 |"]
+
+    def run(name, method, keep, rates):  # two samples a level
+        levels = {str(100 + i): [s < r for s in range(2)] for i, r in enumerate(rates)}
+        return evaluated(tmp_path, name, method, "frozenlake", "iterate", {("eval_final", "base"): levels},
+                         keep=keep)
+
+    runs = [run("van", "vanilla", "best", (1, 1)), run("vanv", "vanilla", "value", (0, 0)),
+            run("spav", "spa", "value", (2, 2)), run("spa", "spa", "best", (2, 2)),
+            run("vagen", "vagen", "best_grounded", (1, 1))]
+    rows = [line.split(" | ")[:2] + line.split(" | ")[4:5] for line in difference_table(group_runs(runs), 50).splitlines()[2:]]
+    # Each against the vanilla group whose rounds kept turns by the same signal; VAGEN's mask
+    # of grounded states rides on the solver's label.
+    assert rows == [["| G3 (spa)", "G2", "+100.0 [+100.0, +100.0] (1 vs 1)"],
+                    ["| G4 (spa)", "G1", "+50.0 [+50.0, +50.0] (1 vs 1)"],
+                    ["| G5 (vagen)", "G1", "+0.0 [+0.0, +0.0] (1 vs 1)"]]
+
+
+def test_every_filter_of_expert_iteration_names_its_label():
+    assert set(LABEL) == set(KEEP) - {"all"}
+    assert set(LABEL.values()) == {"outcome", "solver", "value"}
+
+
+def test_a_key_added_after_a_run_was_saved_does_not_split_its_group():
+    old = run("old")  # saved before the value label's settings existed
+    new = {**run("new", seed=1), "config": run("new", seed=1)["config"] + "iterate: {value_rollouts: 128, value_horizon: 5}\n"}
+    other = {**run("other", seed=2), "config": run("other", seed=2)["config"] + "iterate: {value_horizon: 3}\n"}
+    assert [[r["name"] for r in g] for g in group_runs([old, new, other])] == [["old", "new"], ["other"]]

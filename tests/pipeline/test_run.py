@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -182,6 +183,19 @@ def test_a_rerun_skips_finished_stages_and_refuses_another_recipe(preset, finish
     other = load_recipe(CONFIGS / "sokoban-spa.yaml", ["ppo.steps=3"], preset=str(preset))
     with pytest.raises(ValueError, match="ppo.steps"):
         Run(other, folder)
+
+
+def test_a_key_added_after_a_run_was_saved_reads_as_its_default(tmp_path):
+    # A folder written before iterate.value_horizon existed: resumed at the default, refused with
+    # another value (the run played with the default's behaviour, whatever the file lacks).
+    recipe = load_recipe(CONFIGS / "frozenlake-vanilla-iterate.yaml")
+    Run(recipe, tmp_path)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["iterate"]["value_horizon"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    Run(recipe, tmp_path)
+    with pytest.raises(ValueError, match=r"differs in: iterate\.value_horizon\)"):
+        Run(load_recipe(CONFIGS / "frozenlake-vanilla-iterate.yaml", ["iterate.value_horizon=3"]), tmp_path)
 
 
 def test_a_finished_run_keeps_weights_and_results_but_no_optimizer_state(finished):

@@ -2,8 +2,9 @@
 over levels and seeds, and Pass@k against k before and after RL.
 
 Two runs are replicates when their saved recipes (``config.yaml``) agree on every key but
-the seeds (``SEED_KEYS``) and the keys that change no result (``keep_optimizer``). Keys are
-compared as saved, so a run written by a version that saved fewer keys forms its own group.
+the seeds (``SEED_KEYS``) and the keys that change no result (``keep_optimizer``). A key a
+saved recipe lacks (written before the key existed) reads as its default, as a resumed run
+reads it, so a new setting left at its default does not split a group.
 Per-level scores come from each evaluation's ``trajectories.jsonl`` (the unit of the
 interval is the level, as in :func:`spa.eval.metrics.pass_at_k_interval`: the samples of
 a level are not independent).
@@ -22,11 +23,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import yaml  # noqa: E402
 
+from spa.config import with_defaults  # noqa: E402
 from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, pass_at_k, pct_with_interval,  # noqa: E402
                               pooled_sd, runs_per_arm)
 from spa.eval.paired import LEVELS, read_levels, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
-from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS  # noqa: E402
+from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe  # noqa: E402
+from spa.rl.expert_iteration import LABEL  # noqa: E402
 
 #: The recipe keys that tell replicates apart (dotted).
 SEED_KEYS = ("seed", "selfplay.seed", "sft.seed", "ppo.seed", "rwml.seed", "iterate.seed")
@@ -45,9 +48,15 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return out
 
 
+def saved_recipe(config_text: str) -> dict:
+    """A saved recipe (``config.yaml``'s text) as plain data, with the keys it lacks at their
+    defaults (:func:`spa.config.with_defaults`)."""
+    return with_defaults(Recipe, yaml.safe_load(config_text) or {})
+
+
 def recipe_key(config_text: str) -> str:
     """The saved recipe without its seeds and result-neutral keys, as canonical JSON."""
-    flat = _flatten(yaml.safe_load(config_text) or {})
+    flat = _flatten(saved_recipe(config_text))
     return json.dumps({k: v for k, v in flat.items() if k not in SEED_KEYS + RESULT_NEUTRAL_KEYS}, sort_keys=True,
                       default=str)
 
@@ -254,11 +263,17 @@ def spread_table(groups: list[list[dict]]) -> str | None:
 
 def _rl_setting(run: dict) -> tuple[str, str, str]:
     """The environment, its options and the RL stage of the run's RL and evaluations, as
-    its saved recipe names them (``env.rl_options`` when set: a transfer recipe)."""
-    data = yaml.safe_load(run["config"] or "") or {}
-    env = data.get("env") or {}
-    options = env.get("rl_options") if env.get("rl_options") is not None else env.get("options") or {}
-    return str(env.get("name")), json.dumps(options, sort_keys=True), str(data.get("rl", "ppo"))
+    its saved recipe names them (``env.rl_options`` when set: a transfer recipe); expert
+    iteration with the signal its rounds keep turns by (``spa.rl.expert_iteration.LABEL``),
+    so that rounds on a solver's label and on the reward's values are not pooled or paired."""
+    data = saved_recipe(run["config"] or "")
+    env = data["env"]
+    options = env["rl_options"] if env["rl_options"] is not None else env["options"] or {}
+    rl = str(data["rl"])
+    if rl == "iterate":
+        keep = data["iterate"]["keep"]
+        rl = f"iterate, {LABEL.get(keep, keep)} label"
+    return str(env["name"]), json.dumps(options, sort_keys=True), rl
 
 
 def summary(run: dict) -> tuple[str, str]:

@@ -46,7 +46,7 @@ from typing import Callable
 from spa import precision
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
-from spa.config import read_yaml, save, to_dict
+from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
@@ -90,8 +90,9 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "config.yaml"
         if config.exists():
-            # Keys a newer version added are not in the saved file and do not count.
-            changed = sorted(_diff(_stage_seeds_as_used(read_yaml(config)), to_dict(recipe)) - set(RESULT_NEUTRAL_KEYS))
+            # Keys a newer version added are not in the saved file and read as their defaults.
+            saved = with_defaults(Recipe, _stage_seeds_as_used(read_yaml(config)))
+            changed = sorted(_diff(saved, to_dict(recipe)) - set(RESULT_NEUTRAL_KEYS))
             if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")

@@ -51,6 +51,11 @@ from spa.progress import turn_progress
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
 
+#: The per-turn signal each ``keep`` filter trains on: the episode's outcome (the task's
+#: sparse reward), a solver's shortest solutions, or Monte-Carlo values of the task's reward.
+#: Rounds are comparable, and their runs replicates of one RL stage, when the signal is.
+LABEL = {"winners": "outcome", "best": "solver", "best_prefix": "solver", "best_grounded": "solver",
+         "value": "value"}
 TRAJECTORIES = "trajectories.jsonl"  # beside an evaluation's metrics.json
 Loader = Callable[[str], tuple[Any, Any]]  # model name or folder -> (fp32 model, tokenizer)
 
