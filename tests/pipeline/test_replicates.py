@@ -101,7 +101,8 @@ def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
 def finished(method: str, seed: int, final: float | None, env: str = "frozenlake", rl: str = "iterate",
              keep: str = "best") -> dict:
     """A run dict whose final evaluation scored Pass@1 ``final`` (None: not evaluated yet)."""
-    config = f"method: {method}\nseed: {seed}\nrl: {rl}\nenv: {{name: {env}, options: {{}}}}\niterate: {{keep: {keep}}}\n"
+    config = (f"method: {method}\nseed: {seed}\nrl: {rl}\nenv: {{name: {env}, options: {{}}}}\n"
+              f"iterate: {{keep: {keep}}}\n")
     evals = {("eval_sft", "base"): {"pass_at_k": {"pass@1": 0.2}}}
     if final is not None:
         evals[("eval_final", "base")] = {"pass_at_k": {"pass@1": final}}
@@ -139,7 +140,8 @@ def test_rounds_on_another_label_are_neither_pooled_nor_paired_with_the_solvers(
     runs = [run("van", "vanilla", "best", (1, 1)), run("vanv", "vanilla", "value", (0, 0)),
             run("spav", "spa", "value", (2, 2)), run("spa", "spa", "best", (2, 2)),
             run("vagen", "vagen", "best_grounded", (1, 1))]
-    rows = [line.split(" | ")[:2] + line.split(" | ")[4:5] for line in difference_table(group_runs(runs), 50).splitlines()[2:]]
+    table = difference_table(group_runs(runs), resamples=50).splitlines()
+    rows = [line.split(" | ")[:2] + line.split(" | ")[4:5] for line in table[2:]]
     # Each against the vanilla group whose rounds kept turns by the same signal; VAGEN's mask
     # of grounded states rides on the solver's label.
     assert rows == [["| G3 (spa)", "G2", "+100.0 [+100.0, +100.0] (1 vs 1)"],
@@ -154,6 +156,7 @@ def test_every_filter_of_expert_iteration_names_its_label():
 
 def test_a_key_added_after_a_run_was_saved_does_not_split_its_group():
     old = run("old")  # saved before the value label's settings existed
-    new = {**run("new", seed=1), "config": run("new", seed=1)["config"] + "iterate: {value_rollouts: 128, value_horizon: 5}\n"}
+    settings = "iterate: {value_rollouts: 128, value_horizon: 5}\n"  # the defaults
+    new = {**run("new", seed=1), "config": run("new", seed=1)["config"] + settings}
     other = {**run("other", seed=2), "config": run("other", seed=2)["config"] + "iterate: {value_horizon: 3}\n"}
     assert [[r["name"] for r in g] for g in group_runs([old, new, other])] == [["old", "new"], ["other"]]

@@ -8,6 +8,7 @@ from spa.eval.baselines import evaluate_policy
 from spa.eval.evaluate import EvalConfig
 from spa.eval.metrics import bootstrap_interval, pct_with_interval
 from spa.pipeline.replicates import group_runs
+from spa.pipeline import rounds as rounds_module
 from spa.pipeline.rounds import group_rounds, plot_rounds, round_table
 
 
@@ -60,3 +61,23 @@ def test_the_curves_stand_beside_random_valid_actions_on_the_same_levels(tmp_pat
     row = round_table(group_runs([run]), resamples=100).splitlines()[2].split(" | ")
     assert row[-1] == pct_with_interval(random["pass_at_k"]["pass@1"], random["pass_at_k_ci95"]["pass@1"]) + " |"
     assert plot_rounds(group_runs([run]), tmp_path / "rounds.png").stat().st_size > 1000
+
+
+def test_the_plot_names_each_groups_label_and_draws_one_random_line_per_score(tmp_path, monkeypatch):
+    settings = EvalConfig("frozenlake", {}, PromptConfig("base", 5, 3), num_envs=3, samples=2, seed=7)
+    runs = []
+    for name, keep, mode in (("solver", "best", "base"), ("value", "value", "base"), ("state", "best", "state")):
+        run = run_with_rounds(tmp_path, name, 0, [[0, 1, 2], [2, 2, 2]])
+        run["config"] += f"iterate: {{keep: {keep}}}\nprompt: {{mode: {mode}}}\n"
+        metrics = tmp_path / name / "rl" / "round-0" / "eval" / "metrics.json"
+        played = asdict(replace(settings, prompt=PromptConfig(mode, 5, 3)))
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "config": played}))
+        runs.append(run)
+    figures = []
+    monkeypatch.setattr(rounds_module.plt, "close", figures.append)
+    plot_rounds(group_runs(runs), tmp_path / "rounds.png")
+    _, labels = figures[0].axes[0].get_legend_handles_labels()
+    # Random play reads no prompt: the state prompt's levels score the same, one line for both.
+    assert labels == ["G1: spa frozenlake, iterate, solver label (1 seed)",
+                      "G2: spa frozenlake, iterate, value label (1 seed)",
+                      "G3: spa frozenlake, iterate, solver label (1 seed)", "random valid actions (frozenlake)"]

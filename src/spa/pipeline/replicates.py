@@ -276,6 +276,12 @@ def _rl_setting(run: dict) -> tuple[str, str, str]:
     return str(env["name"]), json.dumps(options, sort_keys=True), rl
 
 
+def rl_label(run: dict) -> str:
+    """The RL stage of a run's saved recipe as :func:`_rl_setting` names it, e.g.
+    ``iterate, value label``: what tells apart groups of one method and environment."""
+    return _rl_setting(run)[2]
+
+
 def summary(run: dict) -> tuple[str, str]:
     """``(method, env name)`` of a run's saved recipe."""
     data = yaml.safe_load(run["config"] or "") or {}
@@ -283,16 +289,17 @@ def summary(run: dict) -> tuple[str, str]:
 
 
 def group_table(groups: list[list[dict]], resamples: int = 10_000) -> str:
-    """One row per group: method, env, mode, seeds, Pass@1 and Pass@8 of each model, runs."""
-    rows = ["| group | method | env | mode | seeds | base Pass@1 | base Pass@8 | before RL Pass@1 "
+    """One row per group: method, env, mode, RL stage, seeds, Pass@1 and Pass@8 of each model, runs."""
+    rows = ["| group | method | env | mode | RL | seeds | base Pass@1 | base Pass@8 | before RL Pass@1 "
             "| before RL Pass@8 | final Pass@1 | final Pass@8 | runs |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for i, group in enumerate(groups, 1):
         method, env = summary(group[0])
         distinct = len({seeds_of(run["config"]) for run in group})
         seeds = f"{len(group)}" + (f" ({distinct} distinct)" if distinct < len(group) else "")
         cells = [group_cell(group, stages, k, resamples) for _, stages in MODELS for k in (1, 8)]
-        rows.append(f"| G{i} | {method} | {env} | {final_mode(group[0]) or '-'} | {seeds} | " + " | ".join(cells)
+        rows.append(f"| G{i} | {method} | {env} | {final_mode(group[0]) or '-'} | {rl_label(group[0])} | {seeds} | "
+                    + " | ".join(cells)
                     + f" | {', '.join(run['name'] for run in group)} |")
     return "\n".join(rows)
 

@@ -24,7 +24,7 @@ from spa.agent.prompts import PromptConfig  # noqa: E402
 from spa.eval.baselines import evaluate_policy  # noqa: E402
 from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
-from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, summary  # noqa: E402
+from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, rl_label, summary  # noqa: E402
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
 
@@ -109,18 +109,20 @@ def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) ->
         method, env = summary(groups[i - 1][0])
         seeds = len(groups[i - 1])
         line, = ax.plot(rounds, [mean for mean, _ in points], marker="o",
-                        label=f"G{i}: {method} {env} ({seeds} seed{'s' * (seeds > 1)})")
+                        label=f"G{i}: {method} {env}, {rl_label(groups[i - 1][0])} ({seeds} seed{'s' * (seeds > 1)})")
         low = [interval[0] if interval else mean for mean, interval in points]
         high = [interval[1] if interval else mean for mean, interval in points]
         ax.fill_between(rounds, low, high, alpha=0.15, color=line.get_color())
     drawn = set()
-    for found in curves.values():  # one dashed line per set of levels the groups were evaluated on
+    for found in curves.values():  # one dashed line per environment and score (random play reads no prompt)
         random = random_baseline(found)
-        if random is not None and json.dumps(random["config"], sort_keys=True) not in drawn:
-            drawn.add(json.dumps(random["config"], sort_keys=True))
-            env, options = random["config"]["env"], random["config"]["env_config"]
-            ax.axhline(random["pass_at_k"]["pass@1"], linestyle="--", color="gray", linewidth=1,
-                       label=f"random valid actions ({env}{f' {options}' if options else ''})")
+        if random is None:
+            continue
+        env, options = random["config"]["env"], random["config"]["env_config"]
+        label, score = f"random valid actions ({env}{f' {options}' if options else ''})", random["pass_at_k"]["pass@1"]
+        if (label, score) not in drawn:
+            drawn.add((label, score))
+            ax.axhline(score, linestyle="--", color="gray", linewidth=1, label=label)
     ax.set_xlabel("round (0: before RL)")
     ax.set_ylabel("Pass@1")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
