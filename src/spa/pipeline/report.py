@@ -276,7 +276,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                   "against k per group, for the base model (dotted), the model before RL (dashed) and the final "
                   "model (solid).")
     against = difference_table(groups, resamples)
-    against_note = ("Each group minus the vanilla group of the same environment and RL stage, in points of Pass@k, "
+    against_note = ("Each group minus the vanilla group of the same environment and RL stage (the RL column: for "
+                    "expert iteration with the label its rounds keep turns by), in points of Pass@k, "
                     "on the same levels: a 95% percentile bootstrap interval that draws the levels once for both "
                     "groups and each group's seeds independently (`spa.eval.metrics.bootstrap_difference`); "
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
