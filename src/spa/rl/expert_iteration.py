@@ -53,7 +53,7 @@ from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume
 
 #: The per-turn signal each ``keep`` filter trains on: the episode's outcome (the task's
 #: sparse reward), a solver's shortest solutions, or Monte-Carlo values of the task's reward.
-#: Rounds are comparable, and their runs replicates of one RL stage, when the signal is.
+#: ``spa compare`` pairs and pools runs of expert iteration only with runs of the same signal.
 LABEL = {"winners": "outcome", "best": "solver", "best_prefix": "solver", "best_grounded": "solver",
          "value": "value"}
 TRAJECTORIES = "trajectories.jsonl"  # beside an evaluation's metrics.json
