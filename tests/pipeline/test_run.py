@@ -623,3 +623,17 @@ def test_an_archived_run_is_small_and_compares_like_the_run(finished, tmp_path):
     assert rl_gain(run) in table and rl_gain(run) != "+0.0 [+0.0, +0.0]"
     bad = CliRunner().invoke(app, ["archive", str(tmp_path), "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "is not a run folder (no stages.json)" in bad.output
+
+
+def test_a_run_imports_every_stage_at_start():
+    """A run lasts hours and its stages run code from the checkout: a stage that imported its
+    module only when it began would read whatever the source had become by then (an edit half
+    done breaks it). So the pipeline imports every stage's module with itself."""
+    import ast
+
+    import spa.pipeline.run as run_module
+
+    tree = ast.parse(Path(run_module.__file__).read_text())
+    inner = [node.lineno for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+             for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert inner == [], f"imports inside functions of spa/pipeline/run.py, lines {inner}"

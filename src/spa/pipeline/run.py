@@ -40,6 +40,7 @@ import json
 import shutil
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -54,10 +55,12 @@ from spa.models.engine import Engine
 from spa.models.loading import resolve_device
 from spa.pipeline.layout import BEFORE_RL, eval_dir
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
-from spa.rl import expert_iteration
+from spa.pipeline.report import write_report
+from spa.rl import expert_iteration, rwml_train
 from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
+from spa.rl.rewards import vagen_turn_reward
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
@@ -267,8 +270,6 @@ class Run:
         return self._evaluate(self.output("bridge" if "bridge" in self.stages else "sft"), "sft")
 
     def _rwml(self) -> dict:
-        from spa.rl import rwml_train
-
         r, out = self.recipe, self.dir / "rwml"
         checkpoint = resume_point(out)
         lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), dtype="fp32")
@@ -303,10 +304,6 @@ class Run:
 
         turn_reward = None
         if r.method == "vagen":
-            from functools import partial
-
-            from spa.rl.rewards import vagen_turn_reward
-
             turn_reward = partial(vagen_turn_reward, beta_s=r.vagen.beta_s, beta_w=r.vagen.beta_w,
                                   format_reward=r.vagen.format_reward)
         train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint,
@@ -360,8 +357,6 @@ class Run:
         return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
 
     def _report(self) -> dict:
-        from spa.pipeline.report import write_report
-
         return {"report": str(write_report(self.dir))}
 
 
