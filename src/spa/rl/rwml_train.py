@@ -45,6 +45,8 @@ from spa import distributed
 from spa import precision as precision_
 from spa.eval.metrics import aligned_cells, exact_match, grid_cells
 from spa.io import TRAINER_STATE, write_json, write_jsonl
+from spa.models import load_model
+from spa.models.embedding import SentenceEmbedder
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.progress import Bar
 from spa.rl import core
@@ -308,8 +310,6 @@ def score(completions: list[str], targets: list[str], befores: list[str], config
 def load_embedder(config: RWMLConfig, required: bool):
     """The sentence embedder of the reward (``required``) or of the evaluation (optional:
     ``None`` when the packaged model is not installed)."""
-    from spa.models.embedding import SentenceEmbedder
-
     try:
         return SentenceEmbedder(config.embedding_model)
     except ModuleNotFoundError:
@@ -464,8 +464,6 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
         if config.filter:
             filter_engine, filter_tokenizer = engine, tokenizer
             if config.filter_model:
-                from spa.models import load_model
-
                 filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype,
                                                          next(policy.parameters()).device)
                 filter_engine = Engine(filter_lm, filter_tokenizer)
