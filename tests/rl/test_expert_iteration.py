@@ -7,6 +7,7 @@ from scripted import ScriptedEngine
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.eval.evaluate import EvalConfig, evaluate
+from spa.io import TRAINER_STATE
 from spa.models import load_model
 from spa.rl import expert_iteration
 from spa.rl.expert_iteration import IterateConfig, run
@@ -80,6 +81,19 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
     assert more[:3] == records
     with pytest.raises(ValueError, match="started with other iterate settings"):
         run("tiny", load, config(keep="best"), ROLLOUT, tmp_path)
+
+
+def test_more_rounds_after_a_finished_run_train_only_the_new_ones(tmp_path, scripted, monkeypatch):
+    """``spa run`` drops the trainer states of a finished stage; a round whose model is there is
+    still done, so rounds added later train alone (rounds 1-3 were trained again before)."""
+    run("tiny", load, config(rounds=1), ROLLOUT, tmp_path)
+    for state in tmp_path.rglob(TRAINER_STATE):
+        state.unlink()
+    trained, original = [], expert_iteration.train
+    monkeypatch.setattr(expert_iteration, "train", lambda *args, **kwargs: (trained.append(args[4]),
+                                                                           original(*args, **kwargs))[1])
+    run("tiny", load, config(rounds=2), ROLLOUT, tmp_path)
+    assert trained == [tmp_path / "round-2" / "sft"] and len(scripted) == 2
 
 
 def test_a_round_without_a_winner_is_a_clear_error(tmp_path, monkeypatch):

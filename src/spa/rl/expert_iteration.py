@@ -178,10 +178,11 @@ def _train(model: str, load: Loader, config: SFTConfig, folder: Path) -> str:
     """SFT of ``model`` on the round's data (resumed or skipped if done); the new model's folder."""
     sft_dir = folder / "sft"
     final = sft_dir / f"epoch-{config.epochs}"
+    if final.is_dir():  # written atomically, so whole; done even where its trainer state was dropped
+        return str(final)
     checkpoint = last_checkpoint(sft_dir)
-    if checkpoint != final:
-        lm, tokenizer = resume_model(load, model, checkpoint)
-        train(lm, tokenizer, load_examples(folder / "data.jsonl"), config, sft_dir, resume_from=checkpoint)
+    lm, tokenizer = resume_model(load, model, checkpoint)
+    train(lm, tokenizer, load_examples(folder / "data.jsonl"), config, sft_dir, resume_from=checkpoint)
     return str(final)
 
 
