@@ -4,6 +4,8 @@ import json
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -625,15 +627,11 @@ def test_an_archived_run_is_small_and_compares_like_the_run(finished, tmp_path):
     assert bad.exit_code != 0 and "is not a run folder (no stages.json)" in bad.output
 
 
-
 def test_a_run_imports_every_stage_at_start():
     """A run lasts hours and its stages run code from the checkout: a stage that imported its
     module only when it began would read whatever the source had become by then (an edit half
     done breaks it). So importing the pipeline loads every module of ours that any loaded
     module imports later, inside a function."""
-    import subprocess
-    import sys
-
     script = """
 import ast, importlib.util, sys
 import spa.pipeline.run
