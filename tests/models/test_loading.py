@@ -136,3 +136,15 @@ def test_loading_and_saving_draw_no_progress_bar_into_a_log(tmp_path, capfd):
     assert hf_logging.is_progress_bar_enabled()  # restored afterwards
     for (name, p1), (_, p2) in zip(model.named_parameters(), loaded.named_parameters()):
         torch.testing.assert_close(p1, p2, msg=name)
+
+
+def test_a_model_goes_to_the_gpu_where_there_is_one_unless_told_otherwise(monkeypatch, tmp_path):
+    # "meta" stands in for a GPU: on a GPU machine every stage of `spa run` (which loads
+    # without naming a device) must train and play there, not on the CPU.
+    real = loading.resolve_device
+    monkeypatch.setattr(loading, "resolve_device",
+                        lambda device: torch.device("meta") if device in (None, "auto") else real(device))
+    lm, _ = loading.load_model("tiny", dtype="fp32")
+    assert next(lm.parameters()).device.type == "meta"
+    lm, _ = loading.load_model("tiny", dtype="fp32", device="cpu")
+    assert next(lm.parameters()).device.type == "cpu"

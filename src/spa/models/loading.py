@@ -63,12 +63,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: str | torch.dtype = "auto",
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` for a built-in name, a local folder or a hub id.
 
-    The model is in eval mode on ``device`` in ``dtype``: ``auto`` (the default) is bf16
-    where the hardware computes it natively and fp32 elsewhere (:mod:`spa.precision`).
+    The model is in eval mode on ``device`` in ``dtype``. ``device="auto"`` (the default)
+    is the GPU where there is one, else the CPU: every stage of ``spa run`` loads through
+    here, and a stage that loaded on the CPU would train and play there on a GPU machine.
+    ``dtype="auto"`` (the default) is bf16 where the hardware computes it natively and
+    fp32 elsewhere (:mod:`spa.precision`).
     """
     torch_dtype = resolve_dtype(dtype, device)
     if name_or_path == DEFAULT_MODEL:
