@@ -1,5 +1,5 @@
 """The scripts of experiments/: the reward-only filters of reward_filters.py on hand-built
-episodes, and the cells comparison.sh runs."""
+episodes, seed_spread.py on hand-built evaluations, and the cells comparison.sh runs."""
 
 import importlib.util
 import json
@@ -7,17 +7,72 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).parent.parent / "experiments" / "reward_filters.py"
 
 
-@pytest.fixture(scope="module")
-def filters():
-    spec = importlib.util.spec_from_file_location("reward_filters", SCRIPT)
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def filters():
+    return script("reward_filters")
+
+
+@pytest.fixture(scope="module")
+def spread():
+    return script("seed_spread")
+
+
+def write_rounds(run: Path, curve: list[tuple[float, float]], rl: bool = True) -> Path:
+    """An archived run's evaluations: (Pass@1, actions a turn) for round 0, 1, ..."""
+    for r, (pass1, actions) in enumerate(curve):
+        folder = (run / "rl" if rl else run) / f"round-{r}" / "eval"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({
+            "pass_at_k": {"pass@1": pass1}, "mean_turns": 2.0, "mean_actions": 2.0 * actions,
+            "best_first_rate": 0.3}))
+    return run
+
+
+def test_seed_spread_reads_rounds_and_ranks_ties(spread, tmp_path):
+    run = write_rounds(tmp_path / "a-s0", [(0.2, 2.0), (0.3, 1.5)])
+    assert [spread.measures(m)["actions_per_turn"] for m in spread.rounds_of(run)] == [2.0, 1.5]
+    assert spread.rounds_of(write_rounds(tmp_path / "it", [(0.2, 1.0)], rl=False))[0]["pass_at_k"]["pass@1"] == 0.2
+    assert spread.ranks(np.array([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert spread.recipe_of(Path("frozenlake-spa-iterate-s12")) == "frozenlake-spa-iterate"
+    assert spread.t975(6) == 2.447 and spread.t975(11) == 2.228  # between rows: the lower df's, wider
+
+
+def test_seed_spread_recovers_method_differences_at_equal_answer_length(spread, tmp_path, capsys):
+    # end = 100 - 30 x actions + 10 (method b), exactly: the start's length hides b's lead,
+    # which the covariate recovers; a difference alone misses it
+    starts = {"a": [1.0, 1.5, 2.0], "b": [1.6, 2.0, 2.2]}
+    runs = [write_rounds(tmp_path / f"{m}-s{i}", [(0.2, x), (0.3, x), ((100 - 30 * x + 10 * (m == "b")) / 100, x)])
+            for m, xs in starts.items() for i, x in enumerate(xs)]
+    result = spread.main([str(r) for r in runs] + ["--round", "2"])
+    adjusted = result["difference_at_equal_actions_per_turn"]
+    assert adjusted["b - a"]["points"] == pytest.approx(10.0) and adjusted["slope"]["points"] == pytest.approx(-30.0)
+    assert adjusted["residual_sd"] == pytest.approx(0.0, abs=1e-6) and adjusted["df"] == 3
+    plain = result["difference"]["b - a"]
+    assert plain["points"] == pytest.approx(10 - 30 * (np.mean(starts["b"]) - np.mean(starts["a"])), abs=0.05)
+    assert plain["ci95"][0] < plain["points"] < plain["ci95"][1]
+    assert result["correlation_with_start"]["actions_per_turn"]["runs"] == 6
+    assert "| a-s0 | 1.00 |" in capsys.readouterr().out
+
+
+def test_seed_spread_leaves_out_runs_short_of_the_round(spread, tmp_path, capsys):
+    runs = [write_rounds(tmp_path / f"a-s{i}", [(0.2, 1.0 + i), (0.1 * i, 1.0)]) for i in range(3)]
+    short = write_rounds(tmp_path / "a-s9", [(0.2, 1.0)])
+    result = spread.main([str(r) for r in [*runs, short]] + ["--round", "1"])
+    assert result["correlation_with_start"]["actions_per_turn"]["pearson"] == pytest.approx(1.0)
+    assert "a-s9: 0 rounds, fewer than 1: left out" in capsys.readouterr().out
 
 
 def episode(seed: int, sample: int, success: bool, turns: list[tuple[int, bool]]) -> dict:
