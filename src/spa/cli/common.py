@@ -83,7 +83,7 @@ def load(model: str, dtype: str, announce: bool = True):
     chosen = compute_precision(dtype).dtype if announce else dtype
     try:
         with console.status(f"loading {model}"):
-            return load_model(model, dtype=chosen, device="auto")
+            return load_model(model, dtype=chosen)
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
 
