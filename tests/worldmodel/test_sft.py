@@ -100,6 +100,11 @@ def test_training_lowers_the_loss_and_resume_matches_an_uninterrupted_run(tiny, 
     model_c, _ = load_model(str(checkpoint), dtype="fp32")
     train(model_c, tokenizer, examples, config, tmp_path / "b", resume_from=checkpoint, progress=False)
     assert last_checkpoint(tmp_path / "b").name == "epoch-2"
+    # Every epoch keeps its weights; only the newest, the resume point, its optimizer state.
+    for run in "ab":
+        assert (tmp_path / run / "epoch-1" / "model.safetensors").is_file()
+        assert not (tmp_path / run / "epoch-1" / "trainer_state.pt").exists()
+        assert (tmp_path / run / "epoch-2" / "trainer_state.pt").is_file()
     for (name, a), (_, c) in zip(model_a.named_parameters(), model_c.named_parameters()):
         torch.testing.assert_close(a, c, msg=name, atol=1e-5, rtol=1e-4)
 
