@@ -19,7 +19,10 @@ HALF_2 = 1.96 * 0.5 / 2
 
 
 def episodes(outcomes):
-    return [Trajectory("sokoban", {}, seed=level, group=level, sample=s, mode="state", success=ok)
+    """Won episodes end with the environment; of the lost ones, the first sample of a level
+    too (a hole), the second by running out of turns."""
+    return [Trajectory("sokoban", {}, seed=level, group=level, sample=s, mode="state", success=ok,
+                       terminated=ok or s == 0)
             for level, pair in enumerate(outcomes) for s, ok in enumerate(pair)]
 
 
@@ -42,6 +45,13 @@ def test_summarize_adds_the_interval_of_every_reported_pass_at_k_on_request():
     assert "pass_at_k_ci95" not in summarize(episodes(OUTCOMES[:1]), intervals=True)  # one level
 
 
+def test_summarize_says_how_the_episodes_ended():
+    # 4 of 8 won; lost: level 3 sample 0 (the environment ended it); out of turns: the
+    # second samples of levels 1, 2 and 3.
+    assert summarize(episodes(OUTCOMES))["ended"] == pytest.approx(
+        {"success": 4 / 8, "lost": 1 / 8, "out_of_turns": 3 / 8})
+
+
 def test_model_evaluation_writes_the_intervals(tiny, tmp_path, scripted_outcomes):
     model, tokenizer = tiny
     scripted_outcomes(OUTCOMES)
@@ -57,6 +67,7 @@ def test_model_evaluation_writes_the_intervals(tiny, tmp_path, scripted_outcomes
     report = (tmp_path / "report.md").read_text()
     assert f"| pass@1 95% interval | [{low:.1f}%, {high:.1f}%] |" in report
     assert "| pass@2 95% interval | [" in report
+    assert "| episodes ended | 50.0% success, 12.5% lost, 37.5% out of turns |" in report
 
 
 def test_one_level_gives_no_interval_and_no_error(tiny, tmp_path, scripted_outcomes):

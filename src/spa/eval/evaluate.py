@@ -87,6 +87,10 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
         ("format-valid turns", f"{100 * metrics['format_valid_rate']:.1f}%"),
         ("valid actions", f"{100 * metrics['action_valid_rate']:.1f}%"),
     ]
+    if "ended" in metrics:  # absent from metrics written before it
+        ended = metrics["ended"]
+        rows.append(("episodes ended", f"{100 * ended['success']:.1f}% success, {100 * ended['lost']:.1f}% lost, "
+                                       f"{100 * ended['out_of_turns']:.1f}% out of turns"))
     if "best_first_rate" in metrics:  # absent where no turn was scored (no solver, older metrics)
         rows.append(("best first action", f"{100 * metrics['best_first_rate']:.1f}%"))
     rows.append(("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"))

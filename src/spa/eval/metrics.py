@@ -94,6 +94,11 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     World-model accuracy is included when the trajectories were played in
     ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
     the state before each turn and of ``<prediction>`` against the state after it.
+    ``ended`` splits the episodes by how they ended: ``success``; ``lost``, ended by the
+    environment without success (a hole); ``out_of_turns``, still going when the turns or
+    the action budget ran out. A policy of one-action answers can fail by the last of these
+    where random play of three actions a turn would still be walking.
+
     With ``intervals``, ``pass_at_k_ci95`` holds ``[low, high]`` for every reported
     Pass@k (``pass_at_k_interval``); it is left out with fewer than 2 levels, whose
     spread cannot be measured.
@@ -115,6 +120,9 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
         "format_valid_rate": mean(turn.format_ok for turn in turns) if turns else 0.0,
         "action_valid_rate": mean(actions) if actions else 0.0,
         "mean_response_tokens": mean(len(turn.response_ids) for turn in turns) if turns else 0.0,
+        "ended": {"success": mean(t.success for t in trajectories),
+                  "lost": mean(t.terminated and not t.success for t in trajectories),
+                  "out_of_turns": mean(not (t.terminated or t.success) for t in trajectories)},
     }
     scored = [turn.best_first for turn in turns if turn.best_first is not None]
     if scored:
