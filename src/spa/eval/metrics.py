@@ -94,6 +94,7 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     World-model accuracy is included when the trajectories were played in
     ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
     the state before each turn and of ``<prediction>`` against the state after it.
+
     ``ended`` splits the episodes by how they ended: ``success``; ``lost``, ended by the
     environment without success (a hole); ``out_of_turns``, still going when the turns or
     the action budget ran out. A policy of one-action answers can fail by the last of these

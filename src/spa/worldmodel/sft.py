@@ -211,7 +211,7 @@ def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, schedule
 
     The older epochs keep their weights but lose their optimizer state: only the newest
     epoch is a resume point (:func:`last_checkpoint`), and each state is twice the
-    weights (20 GB over a 20-epoch run of a 135M model).
+    weights (21.5 GB at the end of a 20-epoch run of the 135M model).
     """
     final = out / f"epoch-{epoch}"
     with atomic_dir(final) as tmp, quiet_hf_bars():
