@@ -175,6 +175,30 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
     assert "round-1 kept no turn: none of 2 episodes passed keep='value'" in flat(result.output)
 
 
+def test_iterate_drops_the_rounds_optimizer_states_once_done_unless_kept(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import spa.rl.expert_iteration as expert_iteration
+
+    def rounds(model, load, config, rollout, out, **kwargs):  # two finished rounds, as run leaves them
+        for n in (1, 2):
+            epoch = Path(out) / f"round-{n}" / "sft" / "epoch-1"
+            epoch.mkdir(parents=True)
+            (epoch / "model.safetensors").write_bytes(b"w")
+            (epoch / "trainer_state.pt").write_bytes(b"s" * 1000)
+        return []
+
+    monkeypatch.setattr(expert_iteration, "run", rounds)
+    for name, extra in (("dropped", []), ("kept", ["--keep-optimizer"])):
+        out = tmp_path / name
+        result = runner.invoke(app, ["iterate", "-e", "frozenlake", "-m", "tiny", "--out", str(out)] + extra,
+                               terminal_width=200)
+        assert result.exit_code == 0, result.output
+        assert len(list(out.rglob("model.safetensors"))) == 2
+        assert len(list(out.rglob("trainer_state.pt"))) == (2 if extra else 0)
+        assert ("dropped the rounds' optimizer states" in flat(result.output)) is not bool(extra)
+
+
 def test_ppl_prints_raw_and_structured(tmp_path):
     out = tmp_path / "ppl.json"
     result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--num-states", "2",

@@ -81,3 +81,16 @@ def _raise_if_disk_full(path: Path, error: BaseException) -> None:
             f"could not write {path}: the disk is full ({free / 2**20:.0f} MiB free); "
             f"free some space and run the same command again to resume"
         ) from error
+
+
+def drop_trainer_states(folder: str | Path) -> int:
+    """Delete every ``trainer_state.pt`` under ``folder``; returns the bytes freed.
+
+    The weights, tokenizer and adapters beside them stay: a checkpoint without its trainer
+    state is still a model (``load_model`` reads it), just no longer a resume point.
+    """
+    folder, freed = Path(folder), 0
+    for path in sorted(folder.rglob(TRAINER_STATE)) if folder.is_dir() else []:
+        freed += path.stat().st_size
+        path.unlink()
+    return freed

@@ -35,6 +35,11 @@ def iterate(
     eval_envs: int = typer.Option(128, min=0, help="Evaluation levels after each round (and at the start); "
                                                    "0: no evaluation."),
     eval_samples: int = typer.Option(8, min=1, help="Samples per evaluation level."),
+    keep_optimizer: bool = typer.Option(False, "--keep-optimizer",
+                                        help="Keep the rounds' optimizer states (trainer_state.pt, 1 GB a round "
+                                             "for the default model) once every round is done; by default they "
+                                             "are deleted then, as `spa run` does, since only an unfinished "
+                                             "round resumes from one."),
     dtype: str = DtypeOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
@@ -43,6 +48,7 @@ def iterate(
 
     A killed run resumes where it stopped when given the same command.
     """
+    from spa.io import drop_trainer_states
     from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
@@ -71,4 +77,6 @@ def iterate(
     except (ValueError, RuntimeError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
+    if not keep_optimizer and (freed := drop_trainer_states(out)):
+        console.print(f"dropped the rounds' optimizer states ({freed / 1e9:.2f} GB; --keep-optimizer keeps them)")
     console.print(f"rounds in {out}/rounds.json; last policy in {out}/round-{config.rounds}/sft")

@@ -49,7 +49,7 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
-from spa.io import TRAINER_STATE, write_json, write_jsonl
+from spa.io import drop_trainer_states, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
@@ -358,19 +358,6 @@ class Run:
 
     def _report(self) -> dict:
         return {"report": str(write_report(self.dir))}
-
-
-def drop_trainer_states(folder: Path) -> int:
-    """Delete every ``trainer_state.pt`` under ``folder``; returns the bytes freed.
-
-    The weights, tokenizer and adapters beside them stay: a checkpoint without its trainer
-    state is still a model (``load_model`` reads it), just no longer a resume point.
-    """
-    freed = 0
-    for path in sorted(folder.rglob(TRAINER_STATE)) if folder.is_dir() else []:
-        freed += path.stat().st_size
-        path.unlink()
-    return freed
 
 
 def _stage_seeds_as_used(saved: dict) -> dict:
