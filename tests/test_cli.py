@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -176,8 +177,6 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
 
 
 def test_iterate_drops_the_rounds_optimizer_states_once_done_unless_kept(tmp_path, monkeypatch):
-    from pathlib import Path
-
     import spa.rl.expert_iteration as expert_iteration
 
     def rounds(model, load, config, rollout, out, **kwargs):  # two finished rounds, as run leaves them

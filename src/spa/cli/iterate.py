@@ -48,11 +48,11 @@ def iterate(
 
     A killed run resumes where it stopped when given the same command.
     """
-    from spa.io import drop_trainer_states
     from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
     from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.io import drop_trainer_states
     from spa.rl.expert_iteration import IterateConfig, describe_round, run
 
     make_env(env, option)
