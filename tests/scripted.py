@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import torch
+
 from spa.models.engine import Generation
 
 
@@ -12,6 +14,10 @@ class ScriptedEngine:
     tokenizer: object
     script: list[list[str]]
     calls: int = 0
+    model: object = None  # weights a rollout log fingerprints (spa.agent.turnlog); any module
+
+    def decode_dtype(self):
+        return torch.float32
 
     def generate(self, prompts, params, progress=False):
         responses = self.script[self.calls]

@@ -66,6 +66,7 @@ def test_every_stage_runs_and_the_report_is_written(finished):
     # RL started from the SFT checkpoint, which started from the bootstrap checkpoint
     assert stages["sft"]["outputs"]["model"].endswith("sft/epoch-1")
     assert [r["step"] for r in map(json.loads, (finished / "rl" / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+    assert not list(finished.rglob("*.partial.jsonl"))  # the turn logs of plays and evaluations are gone
 
 
 def with_interval(value, low, high):  # the report's format, written out here
@@ -466,7 +467,7 @@ def scripted_rounds(monkeypatch, rounds: int) -> list[str]:
     from spa.rl import expert_iteration
 
     monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
-                        ScriptedEngine(tokenizer, [[WIN, LOSE]]))
+                        ScriptedEngine(tokenizer, [[WIN, LOSE]], model=model))
     return ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
             f"iterate.rounds={rounds}", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
             "sft.precision=fp32"]
@@ -575,7 +576,7 @@ def test_vagen_with_expert_iteration_learns_only_the_states_it_got_right(preset,
     lake.step("Right")
     grounded, guessed = wm("Right || Right", before, lake.state_text()), wm("Right || Right", before, before)
     monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
-                        ScriptedEngine(tokenizer, [[grounded, guessed]]))
+                        ScriptedEngine(tokenizer, [[grounded, guessed]], model=model))
     folder = tmp_path / "vagen-iterate"
     Run(load_recipe(CONFIGS / "frozenlake-vagen-iterate.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()

@@ -30,7 +30,7 @@ def scripted(monkeypatch):
 
     def engine(model, tokenizer, dtype=None):
         played.append(1)
-        return ScriptedEngine(tokenizer, [[WIN, LOSE]])
+        return ScriptedEngine(tokenizer, [[WIN, LOSE]], model=model)
 
     monkeypatch.setattr(expert_iteration, "Engine", engine)
     return played
@@ -74,6 +74,7 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
     assert seeds[0] != seeds[1]
     winner = json.loads((tmp_path / "round-1" / "data.jsonl").read_text())
     assert loss_of(records[1]["model"], winner) < loss_of("tiny", winner)  # the round learned its winner
+    assert not list(tmp_path.rglob("*.partial.jsonl"))  # the rounds' turn logs are gone once written
 
     assert len(scripted) == 2
     more = run("tiny", load, config(rounds=3), ROLLOUT, tmp_path, evaluate=evaluate_fn)
@@ -98,7 +99,7 @@ def test_more_rounds_after_a_finished_run_train_only_the_new_ones(tmp_path, scri
 
 def test_a_round_without_a_winner_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
-                        ScriptedEngine(tokenizer, [[LOSE, LOSE]]))
+                        ScriptedEngine(tokenizer, [[LOSE, LOSE]], model=model))
     with pytest.raises(RuntimeError, match="round-1 kept no turn: none of 2 episodes passed keep='winners'"):
         run("tiny", load, config(), ROLLOUT, tmp_path)
 

@@ -1,5 +1,7 @@
 import copy
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -107,6 +109,45 @@ def test_training_lowers_the_loss_and_resume_matches_an_uninterrupted_run(tiny, 
         assert (tmp_path / run / "epoch-2" / "trainer_state.pt").is_file()
     for (name, a), (_, c) in zip(model_a.named_parameters(), model_c.named_parameters()):
         torch.testing.assert_close(a, c, msg=name, atol=1e-5, rtol=1e-4)
+
+
+def test_an_epoch_interrupted_midway_resumes_from_its_resume_point(tiny, tmp_path, monkeypatch):
+    import spa.worldmodel.sft as sft
+    from spa.models import load_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=8, max_turns=1)  # 6 to train on: 3 batches an epoch
+    config = SFTConfig(lr=3e-3, epochs=2, batch_size=2, val_fraction=0.25, val_examples_generate=2,
+                       val_max_new_tokens=8, precision="fp32")
+    model_a, _ = load_model("tiny", dtype="fp32")
+    history_a = train(model_a, tokenizer, examples, config, tmp_path / "a", progress=False)
+
+    monkeypatch.setattr(sft, "RESUME_EVERY_SECONDS", 0.0)  # a resume point after every step
+    real_save = sft.save_checkpoint
+
+    def save_then_interrupt_in_epoch_2(*args, position=None, **kwargs):
+        real_save(*args, position=position, **kwargs)
+        if position is not None and args[1] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft, "save_checkpoint", save_then_interrupt_in_epoch_2)
+    model_b, _ = load_model("tiny", dtype="fp32")
+    with pytest.raises(KeyboardInterrupt):
+        train(model_b, tokenizer, examples, config, tmp_path / "b", progress=False)
+    monkeypatch.setattr(sft, "save_checkpoint", real_save)  # the resumed run writes its resume points too
+    checkpoint = last_checkpoint(tmp_path / "b")
+    assert checkpoint.name == "resume"
+    assert json.loads((checkpoint / "position.json").read_text()) == {"epoch": 1, "batches": 1}
+    model_c, _ = sft.resume_model(lambda name: load_model(name, dtype="fp32"), "tiny", checkpoint)
+    history_c = train(model_c, tokenizer, examples, config, tmp_path / "b", resume_from=checkpoint, progress=False)
+    assert last_checkpoint(tmp_path / "b").name == "epoch-2" and not (tmp_path / "b" / "resume").exists()
+    for (name, a), (_, c) in zip(model_a.named_parameters(), model_c.named_parameters()):
+        torch.testing.assert_close(a, c, msg=name, atol=1e-5, rtol=1e-4)
+    assert history_c[1]["train_loss"] == pytest.approx(history_a[1]["train_loss"])  # the epoch's sums carried over
+    # A resume point left from before the newest epoch (an interrupt between the two writes) is stale.
+    shutil.copytree(tmp_path / "b" / "epoch-2", tmp_path / "b" / "resume")
+    (tmp_path / "b" / "resume" / "position.json").write_text('{"epoch": 1, "batches": 1}')
+    assert last_checkpoint(tmp_path / "b").name == "epoch-2"
 
 
 def test_lora_trains_adapters_saves_a_plain_model_and_resumes_exactly(tiny, tmp_path, monkeypatch):

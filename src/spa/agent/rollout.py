@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from spa.agent.parsing import parse_response
 from spa.agent.prompts import PromptConfig, build_messages, state_block
+from spa.agent.turnlog import TurnLog, fingerprint
 from spa.envs import make
 from spa.models.engine import Engine, SamplingParams
 
@@ -113,10 +114,13 @@ def rollout(
     config: RolloutConfig,
     sampling: SamplingParams,
     on_turn: Callable[[int, int], None] | None = None,
+    log: TurnLog | None = None,
 ) -> list[Trajectory]:
     """Play ``samples`` episodes of every seed; returns them grouped by seed, in order.
 
     ``on_turn(turn, active)`` is called before each turn's generation (progress display).
+    ``log`` writes every finished turn to disk; a log that already holds turns of this
+    rollout is replayed first and play goes on from the next turn (:mod:`spa.agent.turnlog`).
     """
     prompt_cfg = config.prompt
     max_actions = config.max_actions or prompt_cfg.max_turns * prompt_cfg.max_actions_per_turn
@@ -131,7 +135,28 @@ def rollout(
             )
     histories: list[list[tuple[str, str, float]]] = [[] for _ in envs]
     active = list(range(len(envs)))
-    for turn_index in range(prompt_cfg.max_turns):
+
+    def record(i: int, shown: str, turn: Turn, done: bool) -> bool:
+        """Add a played turn to episode i; whether the episode goes on."""
+        trajectory = trajectories[i]
+        trajectory.turns.append(turn)
+        histories[i].append((shown, turn.response, turn.reward))
+        trajectory.success = envs[i].is_success()
+        trajectory.terminated = done
+        return not done and trajectory.num_actions < max_actions
+
+    start = 0
+    if log is not None:
+        settings = {"seeds": list(seeds), "samples": samples, "rollout": asdict(config),
+                    "sampling": asdict(sampling), "dtype": str(engine.decode_dtype()),
+                    "model": fingerprint(engine.model)}
+        for start, saved in enumerate(log.open(settings), start=1):
+            if [i for i, _ in saved] != active:
+                raise RuntimeError(f"{log.path}: turn {start} does not hold the episodes that played it; "
+                                   "delete the file to play from the start")
+            active = [i for i, turn in saved if record(i, state_block(envs[i], prompt_cfg.mode),
+                                                       *_replay(envs[i], turn, log.path))]
+    for turn_index in range(start, prompt_cfg.max_turns):
         if not active:
             break
         if on_turn is not None:
@@ -142,20 +167,33 @@ def rollout(
         ]
         prompt_ids = [ids["input_ids"] if hasattr(ids, "keys") else list(ids) for ids in prompt_ids]
         generations = engine.generate(prompt_ids, sampling)
-        still_active = []
+        still_active, played = [], []
         for i, msgs, ids, gen in zip(active, messages, prompt_ids, generations):
-            env, trajectory = envs[i], trajectories[i]
-            budget = max_actions - trajectory.num_actions
-            shown = state_block(env, prompt_cfg.mode)
-            turn, done = _play_turn(env, msgs, ids, gen, prompt_cfg, budget, config.format_penalty)
-            trajectory.turns.append(turn)
-            histories[i].append((shown, turn.response, turn.reward))
-            trajectory.success = env.is_success()
-            trajectory.terminated = done
-            if not done and trajectory.num_actions < max_actions:
+            budget = max_actions - trajectories[i].num_actions
+            shown = state_block(envs[i], prompt_cfg.mode)
+            turn, done = _play_turn(envs[i], msgs, ids, gen, prompt_cfg, budget, config.format_penalty)
+            played.append((i, turn))
+            if record(i, shown, turn, done):
                 still_active.append(i)
+        if log is not None:
+            log.append(played)
         active = still_active
     return trajectories
+
+
+def _replay(env, saved: dict, source) -> tuple[Turn, bool]:
+    """Apply a saved turn's actions to ``env``; the turn and whether the episode ended.
+    Raises if the environment does not reach the state the turn saved."""
+    names = {f.name for f in fields(Turn)}
+    turn = Turn(**{k: v for k, v in saved.items() if k in names})
+    done = False
+    for action in turn.actions:
+        _, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+    if env.state_text() != turn.state_after:
+        raise RuntimeError(f"{source}: replaying a saved turn did not reach its saved state (was the "
+                           "environment changed?); delete the file to play from the start")
+    return turn, done
 
 
 def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget: int,

@@ -43,6 +43,7 @@ def selfplay(
     The model plays; the states it imagined are replaced by the true ones and each
     well-formed turn becomes one SFT example.
     """
+    from spa.agent.turnlog import TurnLog
     from spa.io import write_json, write_jsonl
     from spa.models.engine import Engine
     from spa.progress import turn_progress
@@ -62,12 +63,14 @@ def selfplay(
         lm, tokenizer = load(model, dtype)
         engine = Engine(lm, tokenizer)
     start = time.perf_counter()
-    with turn_progress("self-play", max_turns) as on_turn:
-        trajectories = collect(engine, tokenizer, config, on_turn=on_turn)
+    log = TurnLog(Path(out).with_suffix(".partial.jsonl"))  # rerun the command to resume an interrupted play
+    with turn_progress("self-play", max_turns) as on_turn, log:
+        trajectories = collect(engine, tokenizer, config, on_turn=on_turn, log=log)
     examples, stats = build_examples(trajectories, config)
     stats["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_jsonl(out, examples)
     write_json(Path(out).with_suffix(".stats.json"), stats)
+    log.finish()
     console.print(f"{stats['kept']} examples from {stats['turns']} turns "
                   f"({stats['dropped_malformed']} malformed, {stats['dropped_no_valid_action']} without a "
                   f"valid action, {stats['dropped_by_filter']} by --keep dropped); "

@@ -1,7 +1,9 @@
 """``spa eval``: play the fixed evaluation seeds and write metrics, a report and trajectories.
 
 Outputs in ``out_dir``: ``metrics.json`` (every number), ``report.md`` (a table a person
-reads first) and ``trajectories.jsonl`` (every turn of every episode). The evaluation
+reads first) and ``trajectories.jsonl`` (every turn of every episode); while it plays,
+``rollout.partial.jsonl`` holds the finished turns, so an interrupted evaluation into the
+same folder resumes from its last finished turn. The evaluation
 seeds start at ``EVAL_SEED_OFFSET``, far above any training seed. Every Pass@k comes
 with a 95% interval over levels, ``pass_at_k_ci95`` (``spa.eval.metrics.summarize``),
 when there are at least 2 levels.
@@ -9,6 +11,7 @@ when there are at least 2 levels.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,11 +22,14 @@ import torch
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
 from spa.agent.seeds import eval_seeds
+from spa.agent.turnlog import TurnLog
 from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import turn_progress
 
+#: The finished turns of an evaluation in progress, in its output folder (spa.agent.turnlog).
+PARTIAL = "rollout.partial.jsonl"
 
 @dataclass
 class EvalConfig:
@@ -53,15 +59,20 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,
                                    format_penalty=config.format_penalty)
     start = time.perf_counter()
-    with turn_progress(f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn:
+    # With an output folder the finished turns go to disk, so an interrupted evaluation resumes.
+    log = TurnLog(Path(out_dir) / PARTIAL) if out_dir is not None else None
+    with turn_progress(f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn, \
+            log or contextlib.nullcontext():
         trajectories = rollout(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
-                               rollout_config, sampling, on_turn=on_turn)
-    seconds = time.perf_counter() - start
+                               rollout_config, sampling, on_turn=on_turn, log=log)
+    seconds = log.seconds() if log is not None else time.perf_counter() - start
     metrics = summarize(trajectories, intervals=True)
     generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
     metrics.update(model=model_name, config=asdict(config), wall_seconds=round(seconds, 1),
                    generated_tokens=generated, tokens_per_second=round(generated / max(seconds, 1e-9), 1))
     write_outputs(out_dir, trajectories, metrics)
+    if log is not None:
+        log.finish()
     return metrics
 
 

@@ -97,6 +97,10 @@ class Engine:
         if _model_device(model).type == "cpu":
             tune_malloc()
 
+    def decode_dtype(self) -> torch.dtype:
+        """The precision the decoding runs in (a resumed rollout must use the same one)."""
+        return self.dtype if self.dtype is not None and self.fast else next(self.model.parameters()).dtype
+
     @torch.inference_mode()
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, progress: bool = False

@@ -22,7 +22,8 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
 
 ``runs/NAME/stages.json`` records each finished stage (outputs and wall time), written
 atomically after the stage; running the same command again skips finished stages and
-resumes an interrupted SFT (last epoch) or RL stage (last checkpoint). The resolved
+resumes an interrupted SFT (last resume point, at most 10 minutes back), play or
+evaluation (last finished turn) or RL stage (last checkpoint). The resolved
 recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
 
 Once a training stage is recorded as finished, its checkpoints lose their trainer state
@@ -47,6 +48,7 @@ from typing import Callable
 from spa import precision
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa.agent.turnlog import TurnLog
 from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import drop_trainer_states, write_json, write_jsonl
@@ -186,9 +188,11 @@ class Run:
         if exploration == "self_play":
             lm, tokenizer = load_model(model, dtype=self.compute().dtype)
             engine = Engine(lm, tokenizer)
-        examples, stats = build_examples(collect(engine, tokenizer, config), config)
+        with TurnLog(out.with_suffix(".partial.jsonl")) as log:  # an interrupted play resumes from its last turn
+            examples, stats = build_examples(collect(engine, tokenizer, config, log=log), config)
         write_jsonl(out, examples)
         write_json(out.with_suffix(".stats.json"), stats)
+        log.finish()
         if not examples:
             raise RuntimeError(f"self-play kept no example ({stats['dropped_malformed']} of {stats['turns']} "
                                "turns malformed): the model cannot write the world-model format yet; set "
@@ -201,9 +205,10 @@ class Run:
         lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
         config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.stage_seed(self.recipe.sft),
                          precision=self.recipe.stage_precision(self.recipe.sft), **overrides)
-        if checkpoint is None or int(checkpoint.name.split("-")[1]) < epochs:
+        final = out / f"epoch-{epochs}"
+        if not final.is_dir():  # written atomically, so whole
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
-        return str(last_checkpoint(out))
+        return str(final)
 
     def _eval_config(self, mode: str) -> EvalConfig:
         r = self.recipe

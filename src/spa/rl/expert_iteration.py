@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from spa import precision
 from spa.agent.rollout import RolloutConfig
+from spa.agent.turnlog import TurnLog
 from spa.config import to_dict
 from spa.eval.metrics import pct_with_interval
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval
@@ -57,6 +58,7 @@ from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume
 LABEL = {"winners": "outcome", "best": "solver", "best_prefix": "solver", "best_grounded": "solver",
          "value": "value"}
 TRAJECTORIES = "trajectories.jsonl"  # beside an evaluation's metrics.json
+PLAY_PARTIAL = "play.partial.jsonl"  # a round's finished turns while it plays (spa.agent.turnlog)
 Loader = Callable[[str], tuple[Any, Any]]  # model name or folder -> (fp32 model, tokenizer)
 
 
@@ -161,8 +163,9 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     lm, tokenizer = load(model)
     engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device)
                     .decode_dtype)
-    with turn_progress(f"{data.parent.name} play", play.max_turns) as on_turn:  # minutes: a line a minute in a log
-        trajectories = collect(engine, tokenizer, play, on_turn=on_turn)
+    log = TurnLog(data.with_name(PLAY_PARTIAL))  # an interrupted play resumes from its last finished turn
+    with turn_progress(f"{data.parent.name} play", play.max_turns) as on_turn, log:  # minutes: a line a minute in a log
+        trajectories = collect(engine, tokenizer, play, on_turn=on_turn, log=log)
     examples, stats = build_examples(trajectories, play)
     if not examples:
         raise RuntimeError(f"{data.parent.name} kept no turn: none of {stats['episodes']} episodes passed "
@@ -171,6 +174,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     stats["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_jsonl(data, examples)
     write_json(stats_path, stats)
+    log.finish()
     return stats
 
 

@@ -51,6 +51,7 @@ from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
+from spa.agent.turnlog import TurnLog
 from spa.envs import env_class, env_names, has_solver, lists_actions, make
 from spa.eval.metrics import grid_cells
 from spa.rl.rewards import state_match
@@ -213,9 +214,10 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
     return trajectories
 
 
-def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Trajectory]:
+def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None, log: TurnLog | None = None) -> list[Trajectory]:
     """Play the training seeds: the model in world-model mode, or templated turns of random
-    (or, under ``exploration="oracle"``, best) actions."""
+    (or, under ``exploration="oracle"``, best) actions. ``log`` keeps the model's finished
+    turns on disk so an interrupted play resumes (:mod:`spa.agent.turnlog`)."""
     seeds = train_seeds(config.episodes // config.samples, config.seed_start)
     if config.exploration != "self_play":
         return random_exploration(config, seeds)
@@ -224,7 +226,7 @@ def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None) -> list[Tra
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                               seed=config.seed)
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt)
-    return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn)
+    return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn, log=log)
 
 
 def check_value_settings(env: str, rollouts: int, horizon: int, tolerance: float) -> None:
