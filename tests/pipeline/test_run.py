@@ -501,7 +501,8 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     report = (folder / "report.md").read_text()
     assert "RL by expert iteration: 2 rounds, the last one kept 1 of 2 turns" in report
     assert "| round | Pass@1 [95% interval]" in report and (folder / "rl_rollouts.png").stat().st_size > 1000
-    assert "round-2 play: turn 1, 2 episodes playing: 0/1" in capsys.readouterr().out  # a line in a log
+    printed = capsys.readouterr().out  # lines in a log
+    assert "round-2 play: turn 1, 2 episodes playing: 0/1" in printed and "round-2 eval: turn 1" in printed
 
 
 def test_expert_iteration_settings_are_checked_when_the_recipe_loads():

@@ -66,7 +66,7 @@ def iterate(
                              max_new_tokens=config.max_new_tokens)
 
     def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
-        return evaluate(lm, tokenizer, eval_config, folder, model_name=model, progress=False,
+        return evaluate(lm, tokenizer, eval_config, folder, model_name=model, label=f"{folder.parent.name} eval",
                         dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device).decode_dtype)
 
     def report(record: dict) -> None:

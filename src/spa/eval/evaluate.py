@@ -48,10 +48,12 @@ class EvalConfig:
 
 
 def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = None,
-             model_name: str = "", progress: bool = True, dtype: torch.dtype | None = None) -> dict:
+             model_name: str = "", progress: bool = True, dtype: torch.dtype | None = None,
+             label: str = "") -> dict:
     """Roll out the evaluation seeds, summarise, and write the outputs to ``out_dir``.
 
-    ``dtype`` decodes in another precision than the model's (a trainer's fp32 weights in bf16).
+    ``dtype`` decodes in another precision than the model's (a trainer's fp32 weights in bf16);
+    ``label`` names the evaluation in its progress line (default ``eval ENV``).
     """
     engine = Engine(model, tokenizer, dtype=dtype)
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -61,7 +63,7 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     start = time.perf_counter()
     # With an output folder the finished turns go to disk, so an interrupted evaluation resumes.
     log = TurnLog(Path(out_dir) / PARTIAL) if out_dir is not None else None
-    with turn_progress(f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn, \
+    with turn_progress(label or f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn, \
             log or contextlib.nullcontext():
         trajectories = rollout(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
                                rollout_config, sampling, on_turn=on_turn, log=log)

@@ -328,7 +328,7 @@ class Run:
 
         def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
             return evaluate(lm, tokenizer, eval_config, folder, model_name=f"rl/{folder.parent.name}",
-                            progress=False, dtype=self.compute().decode_dtype)
+                            dtype=self.compute().decode_dtype, label=f"{folder.parent.name} eval")
 
         logger = MetricsLogger(out, resume_step=-1, tensorboard=False)  # a resumed run reports every round again
         rounds = expert_iteration.run(self.start_model(), lambda name: load_model(name, dtype="fp32"), config,
