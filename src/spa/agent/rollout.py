@@ -58,6 +58,12 @@ class Turn:
     def any_valid(self) -> bool:
         return any(self.actions_valid)
 
+    @classmethod
+    def from_json(cls, record: dict) -> Turn:
+        """The turn an ``asdict`` record describes (keys it does not know are ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
+
 
 @dataclass
 class Trajectory:
@@ -90,9 +96,8 @@ class Trajectory:
     def from_json(cls, record: dict) -> Trajectory:
         """The trajectory a :meth:`to_json` record (a line of ``trajectories.jsonl``) describes."""
         names = {f.name for f in fields(cls)} - {"turns"}
-        turn_names = {f.name for f in fields(Turn)}
         return cls(**{k: v for k, v in record.items() if k in names},
-                   turns=[Turn(**{k: v for k, v in turn.items() if k in turn_names}) for turn in record["turns"]])
+                   turns=[Turn.from_json(turn) for turn in record["turns"]])
 
 
 @dataclass
@@ -184,8 +189,7 @@ def rollout(
 def _replay(env, saved: dict, source) -> tuple[Turn, bool]:
     """Apply a saved turn's actions to ``env``; the turn and whether the episode ended.
     Raises if the environment does not reach the state the turn saved."""
-    names = {f.name for f in fields(Turn)}
-    turn = Turn(**{k: v for k, v in saved.items() if k in names})
+    turn = Turn.from_json(saved)
     done = False
     for action in turn.actions:
         _, _, terminated, truncated, _ = env.step(action)

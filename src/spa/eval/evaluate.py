@@ -31,6 +31,7 @@ from spa.progress import turn_progress
 #: The finished turns of an evaluation in progress, in its output folder (spa.agent.turnlog).
 PARTIAL = "rollout.partial.jsonl"
 
+
 @dataclass
 class EvalConfig:
     """What to evaluate and how."""
