@@ -260,14 +260,17 @@ def resume_model(load, base: str, checkpoint: Path | None):
 def last_checkpoint(out: Path) -> Path | None:
     """The newest resume point in ``out``: the mid-epoch one, or the newest complete
     ``epoch-N`` folder; None if there is neither."""
+    def epoch_of(folder: Path) -> int:
+        return int(folder.name.split("-")[1])
+
     done = [p for p in out.glob("epoch-*") if (p / TRAINER_STATE).is_file()]
-    newest = max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+    newest = max(done, key=epoch_of, default=None)
     mid = out / MID_EPOCH
     if (mid / TRAINER_STATE).is_file() and (mid / POSITION).is_file():
         # Written after epoch N (its "epoch"); stale if an interrupt came between a later
         # epoch's checkpoint and its removal.
         epoch = json.loads((mid / POSITION).read_text(encoding="utf-8"))["epoch"]
-        if newest is None or epoch >= int(newest.name.split("-")[1]):
+        if newest is None or epoch >= epoch_of(newest):
             return mid
     return newest
 
@@ -278,7 +281,8 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
 
     ``resume_from`` is a checkpoint folder whose weights ``model`` already holds (see
     :func:`resume_model`); its optimizer and scheduler state are restored and training
-    continues with the next epoch, or mid-epoch from a ``resume/`` point. ``config.lora_rank > 0`` trains LoRA adapters only.
+    continues with the next epoch, or mid-epoch from a ``resume/`` point.
+    ``config.lora_rank > 0`` trains LoRA adapters only.
     Launched on several processes, they train one model together (module docstring).
     """
     out = Path(out)
