@@ -274,3 +274,11 @@ def test_the_comparison_names_a_bad_number_of_lanes(lanes):
                             env={"PATH": "/usr/bin:/bin", "LANES": lanes})
     assert result.returncode == 2
     assert f"LANES='{lanes}' is not a number of lanes" in result.stderr
+
+
+def test_resume_check_finds_both_resumes_exact_on_the_cpu(tmp_path, capsys):
+    report = script("resume_check").main([str(tmp_path / "check"), "--levels", "2", "--samples", "2",
+                                          "--hidden", "32", "--episodes", "8"])
+    assert report["eval_trajectories_identical"] and report["resume_point"]["epoch"] == 1
+    assert report["sft_resumed_vs_whole"] == 0.0 == report["sft_whole_vs_whole_again"]
+    assert json.loads(capsys.readouterr().out) == report
