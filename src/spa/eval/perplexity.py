@@ -26,6 +26,7 @@ from spa.agent.prompts import PromptConfig, build_messages
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
 from spa.envs.base import TextEnv
+from spa.models.kv import cache_arg, returned_cache
 from spa.worldmodel.tokenize import encode_with_mask
 
 
@@ -67,15 +68,14 @@ def state_perplexity(model, tokenizer, envs: list[TextEnv], structured: bool) ->
     shared = min(_common_prefix([ids for ids, _ in examples]), first_scored) - 1
     device = next(model.parameters()).device
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    cache = decoder(input_ids=torch.tensor([examples[0][0][:shared]], device=device),
-                    use_cache=True).past_key_values if shared > 0 else None
+    cache = returned_cache(decoder(input_ids=torch.tensor([examples[0][0][:shared]], device=device),
+                                   use_cache=True)) if shared > 0 else None
     total_nll, total_tokens = 0.0, 0
     for ids, scored in examples:
         rest = torch.tensor([ids[max(shared, 0):]], device=device)
         # A fresh copy of the prefix cache per state (the forward appends to it).
         past = copy.deepcopy(cache)
-        hidden = decoder(input_ids=rest, past_key_values=past, use_cache=past is not None
-                         ).last_hidden_state[0]
+        hidden = decoder(input_ids=rest, use_cache=past is not None, **cache_arg(past)).last_hidden_state[0]
         # Token i of ``rest`` is predicted by the hidden state at i - 1.
         targets = torch.tensor(scored[max(shared, 0) + 1:], device=device)
         logits = head(hidden[:-1][targets]).float()

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from spa.models.kv import cache_arg, returned_cache
 from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
 
 __all__ = ["Engine", "Generation", "SamplingParams", "sample_next"]
@@ -362,7 +363,7 @@ class HFSession:
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.extra
         )
-        self.cache, self.mask, self.pos = out.past_key_values, mask, positions[:, -1]
+        self.cache, self.mask, self.pos = returned_cache(out), mask, positions[:, -1]
         return out.logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -372,11 +373,11 @@ class HFSession:
             input_ids=tokens[:, None],
             attention_mask=self.mask,
             position_ids=self.pos[:, None],
-            past_key_values=self.cache,
             use_cache=True,
+            **cache_arg(self.cache),
             **self.extra,
         )
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         return out.logits[:, -1]
 
     def keep(self, rows: Tensor) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from spa.models.kv import cache_arg, returned_cache
+
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward call
 
 
@@ -41,8 +43,8 @@ def hidden_states(decoder, ids: Tensor, attention: Tensor, trained: Tensor) -> t
         return decoder(input_ids=ids, attention_mask=attention).last_hidden_state, 0
     from transformers import DynamicCache
 
-    cache = decoder(input_ids=ids[:1, :offset], past_key_values=DynamicCache(), use_cache=True).past_key_values
+    cache = returned_cache(decoder(input_ids=ids[:1, :offset], use_cache=True, **cache_arg(DynamicCache())))
     cache.batch_repeat_interleave(ids.shape[0])
-    hidden = decoder(input_ids=ids[:, offset:], attention_mask=attention, past_key_values=cache,
-                     use_cache=True).last_hidden_state
+    hidden = decoder(input_ids=ids[:, offset:], attention_mask=attention, use_cache=True,
+                     **cache_arg(cache)).last_hidden_state
     return hidden, offset
