@@ -161,7 +161,7 @@ def test_best_first_rate_is_over_the_scored_turns_and_absent_without_any():
     from spa.eval.metrics import summarize
 
     def episode(*marks):
-        turns = [SimpleNamespace(best_first=mark, reward=0.0, actions_valid=[True], format_ok=True, response_ids=[])
+        turns = [SimpleNamespace(best_first=mark, best_run=None, reward=0.0, actions_valid=[True], format_ok=True, response_ids=[])
                  for mark in marks]
         return Trajectory("frozenlake", {}, seed=0, group=0, sample=0, mode="state", turns=turns)
 
@@ -169,6 +169,26 @@ def test_best_first_rate_is_over_the_scored_turns_and_absent_without_any():
     assert summarize([episode(True, None), episode(False, True, None)])["best_first_rate"] == 2 / 3
     assert "best_first_rate" not in summarize([episode(None, None)])
     assert "best_first_rate" not in summarize([episode()])
+
+
+def test_best_follow_rate_counts_second_actions_after_a_best_first_one():
+    from types import SimpleNamespace
+
+    from spa.agent.rollout import Trajectory
+    from spa.eval.metrics import summarize
+
+    def turn(best_run, played):
+        return SimpleNamespace(best_first=None if best_run is None else best_run > 0, best_run=best_run,
+                               reward=0.0, actions_valid=[True] * played, format_ok=True, response_ids=[])
+
+    # Counted: best first with a second played (run 2 and 3: second best; run 1: not).
+    # Left out: a first action not best (run 0), one played action, no solver (None).
+    turns = [turn(2, 2), turn(3, 3), turn(1, 3), turn(0, 3), turn(1, 1), turn(None, 2)]
+    metrics = summarize([Trajectory("sokoban", {}, seed=0, group=0, sample=0, mode="base", turns=turns)])
+    assert metrics["best_follow_rate"] == 2 / 3
+    assert metrics["best_first_rate"] == 4 / 5
+    alone = [turn(1, 1), turn(0, 2)]
+    assert "best_follow_rate" not in summarize([Trajectory("sokoban", {}, 0, 0, 0, "base", alone)])
 
 
 def test_bootstrap_difference_shares_the_levels_between_the_groups():

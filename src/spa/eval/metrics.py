@@ -89,7 +89,10 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     solution from the state the turn saw (``Turn.best_first``), over the turns where the
     environment could say (uniformly random moves score about 0.4 on 4x4 lakes); it
     is left out when no turn could. A per-turn rate over hundreds of turns, it moves
-    long before Pass@1 over a few hundred episodes does.
+    long before Pass@1 over a few hundred episodes does. ``best_follow_rate`` is, over
+    the turns whose best first action was followed by a second, the share whose second
+    action was best too (``Turn.best_run`` >= 2): how much of a multi-action answer
+    that a best-first label keeps is itself right, rather than a random follow-up.
 
     World-model accuracy is included when the trajectories were played in
     ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
@@ -128,6 +131,10 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     scored = [turn.best_first for turn in turns if turn.best_first is not None]
     if scored:
         result["best_first_rate"] = mean(scored)
+    followed = [turn.best_run >= 2 for turn in turns
+                if turn.best_first and turn.best_run is not None and len(turn.actions_valid) >= 2]
+    if followed:
+        result["best_follow_rate"] = mean(followed)
     if intervals and len(groups) >= 2:
         result["pass_at_k_ci95"] = {name: list(normal_interval(values)) for name, values in per_level.items()}
     if trajectories and trajectories[0].mode == "world_model" and turns:
