@@ -176,11 +176,14 @@ def test_best_prefix_cuts_the_answer_to_its_leading_best_actions(tiny):
     responses = {}
     for keep in ("best", "best_prefix"):
         config = SelfPlayConfig(env="frozenlake", env_config={"desc": "SFG/FHF/FFF", "is_slippery": False},
-                                episodes=1, samples=1, max_turns=1, max_actions_per_turn=2, mode="base", keep=keep)
-        engine = ScriptedEngine(tokenizer, [[plain("Right || Down")]])
+                                episodes=2, samples=2, max_turns=1, max_actions_per_turn=2, mode="base", keep=keep)
+        said = "<think>I will try Right || Down.</think><answer>Right || Down</answer>"
+        engine = ScriptedEngine(tokenizer, [[plain("Right || Down"), said]])
         examples, _ = build_examples(collect(engine, tokenizer, config), config)
         responses[keep] = [e["response"] for e in examples]
-    assert responses == {"best": [plain("Right || Down")], "best_prefix": [plain("Right")]}
+    # The reasoning's listing of the played moves is cut with the answer.
+    assert responses == {"best": [plain("Right || Down"), said],
+                         "best_prefix": [plain("Right"), "<think>I will try Right.</think><answer>Right</answer>"]}
 
 
 def test_best_grounded_keeps_best_moves_as_written_and_masks_the_wrong_states(tiny):

@@ -143,13 +143,18 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
 
     The answer is rewritten to the actions that were applied, so that the prediction
     (the state after them) matches it even when the model wrote more actions than
-    the per-turn cap; under ``keep="best_prefix"``, to the leading ones that were best.
+    the per-turn cap; under ``keep="best_prefix"``, to the leading ones that were best,
+    and where the reasoning names the played moves as the answer lists them ("I will
+    try Left || Up."), it is cut the same way.
     """
     response = turn.response
     think_end = response.find("</think>")
     actions = turn.actions[: turn.best_run] if config.keep == "best_prefix" else turn.actions
-    answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
-    response = response[: think_end + len("</think>")] + answer
+    kept = f" {ACTION_SEPARATOR} ".join(actions)
+    head = response[: think_end + len("</think>")]
+    if config.keep == "best_prefix":  # a reasoning that names the cut moves would contradict the answer
+        head = head.replace(f" {ACTION_SEPARATOR} ".join(turn.actions), kept)
+    response = head + f"<answer>{kept}</answer>"
     if config.states == "self_belief" or config.mode != "world_model" or config.keep == "best_grounded":
         return response  # best_grounded: the model's own states; the wrong ones leave the loss
     before, after = turn.state_before, turn.state_after
