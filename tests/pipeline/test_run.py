@@ -431,6 +431,17 @@ def test_plain_rl_starts_from_a_bootstrap_in_its_own_prompt_mode(preset, tmp_pat
     assert all("<answer>" in e["response"] for e in examples)
 
 
+def test_bootstrap_actions_makes_the_bootstrap_targets_one_move_answers(preset, tmp_path):
+    folder = tmp_path / "one-move"
+    recipe = load_recipe(CONFIGS / "sokoban-vanilla.yaml", ["selfplay.bootstrap_actions=1"], preset=str(preset))
+    Run(recipe, folder, log=lambda _: None).run(until="bootstrap")
+    examples = [json.loads(line) for line in (folder / "data" / "bootstrap.jsonl").read_text().splitlines()]
+    assert examples and all(len(e["actions"]) == 1 for e in examples)
+    assert all("||" not in e["response"] for e in examples)
+    with pytest.raises(ValueError, match="selfplay.bootstrap_actions=4 must be 0 .* or 1..3"):
+        load_recipe(CONFIGS / "sokoban-vanilla.yaml", ["selfplay.bootstrap_actions=4"], preset=str(preset))
+
+
 def test_spa_with_a_plain_rl_prompt_bridges_its_sft_to_that_mode(preset, tmp_path):
     folder = tmp_path / "bridged"
     recipe = load_recipe(CONFIGS / "frozenlake-spa.yaml", ["prompt.mode=base"], preset=str(preset))

@@ -116,6 +116,19 @@ def test_random_exploration_in_a_plain_mode_writes_no_state_text(mode):
     assert "<observation>" in build_examples(collect(None, None, world), world)[0][0]["response"]
 
 
+def test_exploration_actions_caps_the_actions_of_a_random_turn():
+    def actions_per_turn(**options):
+        config = SelfPlayConfig(env="sokoban", episodes=16, samples=2, max_turns=3, exploration="random",
+                                mode="base", **options)
+        return {len(t.actions) for e in collect(None, None, config) for t in e.turns}
+
+    assert actions_per_turn(exploration_actions=1) == {1}
+    assert actions_per_turn(exploration_actions=2) == {1, 2}
+    assert actions_per_turn() == {1, 2, 3}  # 0: up to max_actions_per_turn
+    with pytest.raises(ValueError, match="exploration_actions=4 must be 0 .* or 1..3"):
+        SelfPlayConfig(exploration="random", exploration_actions=4)
+
+
 def test_a_plain_mode_needs_random_exploration_or_a_filter():
     with pytest.raises(ValueError, match="mode='base'.*needs keep='winners' or 'best'.*exploration='random'"):
         SelfPlayConfig(env="frozenlake", mode="base")

@@ -95,6 +95,10 @@ class SelfPlaySection:
                 "model that cannot write the world-model format yet can self-play (a departure from the "
                 "paper, needed by models as small as SmolLM2-135M)."})
     bootstrap_epochs: int = field(default=1, metadata={"help": "Epochs of the format bootstrap."})
+    bootstrap_actions: int = field(default=0, metadata={
+        "help": "Most actions a turn in the format bootstrap's and the bridge's random-exploration "
+                "targets, drawn uniformly from 1 up to it; 0: up to prompt.max_actions. 1 teaches "
+                "one-move answers."})
     bridge: bool = field(default=True, metadata={
         "help": "spa with RL in another prompt mode than world_model (prompt.mode=base or state): after SFT, "
                 "fine-tune bootstrap_epochs on bootstrap_episodes random-exploration episodes in the RL mode, "
@@ -227,6 +231,9 @@ class Recipe:
             raise ValueError(f"iterate.keep={self.iterate.keep!r} with method 'vagen': under rl: iterate, vagen's "
                              "reward for grounded states is the loss mask of iterate.keep: best_grounded")
         self.precision = precision.check(self.precision)
+        if not 0 <= self.selfplay.bootstrap_actions <= self.prompt.max_actions:
+            raise ValueError(f"selfplay.bootstrap_actions={self.selfplay.bootstrap_actions} must be 0 (up to "
+                             f"prompt.max_actions) or 1..{self.prompt.max_actions}")
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
         if self.rl == "iterate" and self.iterate.keep == "best_grounded" and self.rl_mode != "world_model":

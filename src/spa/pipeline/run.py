@@ -177,13 +177,14 @@ class Run:
         return PromptConfig(mode, p.max_turns, p.max_actions, history_turns=0)
 
     def _selfplay_data(self, model: str | None, out: Path, exploration: str, episodes: int, samples: int,
-                       mode: str = "world_model") -> dict:
+                       mode: str = "world_model", exploration_actions: int = 0) -> dict:
         r = self.recipe
         s = r.selfplay
         config = SelfPlayConfig(env=r.env.name, env_config=dict(r.env.options), episodes=episodes, samples=samples,
                                 max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
                                 max_new_tokens=s.max_new_tokens, states=s.states, exploration=exploration,
-                                coords=s.coords, seed=r.stage_seed(s), mode=mode)
+                                coords=s.coords, seed=r.stage_seed(s), mode=mode,
+                                exploration_actions=exploration_actions)
         engine = tokenizer = None
         if exploration == "self_play":
             lm, tokenizer = load_model(model, dtype=self.compute().dtype)
@@ -240,7 +241,7 @@ class Run:
     def _bootstrap(self) -> dict:
         s = self.recipe.selfplay
         data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
-                                   mode=self.recipe.bootstrap_mode)
+                                   mode=self.recipe.bootstrap_mode, exploration_actions=s.bootstrap_actions)
         model = self._fine_tune(self.recipe.model, data["data"], self.dir / "bootstrap", s.bootstrap_epochs)
         return {**data, "model": model}
 
@@ -260,7 +261,7 @@ class Run:
         # learn preset on FrozenLake"). No held-out split: the targets are random actions.
         s = self.recipe.selfplay
         data = self._selfplay_data(None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
-                                   mode=self.recipe.rl_mode)
+                                   mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions)
         model = self._fine_tune(self.output("sft"), data["data"], self.dir / "bridge", s.bootstrap_epochs,
                                 val_fraction=0.0)
         return {**data, "model": model}

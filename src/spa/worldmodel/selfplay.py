@@ -80,6 +80,9 @@ class SelfPlayConfig:
     temperature: float = 1.0
     states: str = "ground_truth"  # ground_truth | self_belief
     exploration: str = "self_play"  # self_play | random
+    # random and oracle exploration: each turn plays 1..exploration_actions actions, uniformly
+    # (0: up to max_actions_per_turn); 1 makes every target a one-move answer
+    exploration_actions: int = 0
     coords: str = "true"  # true | random
     drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
     seed: int = 0  # sampling / random-exploration seed
@@ -112,6 +115,9 @@ class SelfPlayConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
+        if not 0 <= self.exploration_actions <= self.max_actions_per_turn:
+            raise ValueError(f"exploration_actions={self.exploration_actions} must be 0 (up to max_actions_per_turn) "
+                             f"or 1..{self.max_actions_per_turn}, the most actions a turn")
         if self.keep == "value":
             check_value_settings(self.env, self.value_rollouts, self.value_horizon, self.value_tolerance)
 
@@ -189,7 +195,7 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
                 messages = build_messages(env, config.prompt, history)
                 state_before, grid_before = env.state_text(), env.render()
                 actions, rewards, done = [], 0.0, False
-                for _ in range(int(rng.integers(1, config.max_actions_per_turn + 1))):
+                for _ in range(int(rng.integers(1, (config.exploration_actions or config.max_actions_per_turn) + 1))):
                     action = _exploration_action(env, config, rng)
                     _, reward, terminated, truncated, _ = env.step(action)
                     actions.append(action)
