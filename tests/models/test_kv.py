@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import transformers  # noqa: F401  (it adds Logger.warning_once, which the fixture resets)
 
 import spa.models.shared_prefix as shared
 from spa.models.engine import Engine, SamplingParams
