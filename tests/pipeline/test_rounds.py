@@ -9,6 +9,7 @@ from spa.eval.evaluate import EvalConfig
 from spa.eval.metrics import bootstrap_interval, pct_with_interval
 from spa.pipeline.replicates import group_runs
 from spa.pipeline import rounds as rounds_module
+from spa.pipeline.report import wall_seconds
 from spa.pipeline.rounds import group_rounds, plot_rounds, round_table
 
 
@@ -81,3 +82,14 @@ def test_the_plot_names_each_groups_label_and_draws_one_random_line_per_score(tm
     assert labels == ["G1: spa frozenlake, iterate, solver label (1 seed)",
                       "G2: spa frozenlake, iterate, value label (1 seed)",
                       "G3: spa frozenlake, iterate, solver label (1 seed)", "random valid actions (frozenlake)"]
+
+
+def test_an_unfinished_runs_wall_time_counts_its_finished_rounds(tmp_path):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "rounds.json").write_text(json.dumps([
+        {"round": 0, "eval_seconds": 10.0},
+        {"round": 1, "play_seconds": 100.0, "sft_seconds": 200.0, "eval_seconds": 30.0}]))
+    stages = {"bootstrap": {"seconds": 5.0}, "eval_bootstrap": {"seconds": 7.0}}
+    assert wall_seconds({"dir": tmp_path, "stages": stages}) == 352.0  # in progress: 12 + 10 + 330
+    finished = {**stages, "rl": {"seconds": 400.0}}  # the stage's own time covers its rounds
+    assert wall_seconds({"dir": tmp_path, "stages": finished}) == 412.0

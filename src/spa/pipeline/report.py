@@ -53,6 +53,18 @@ def load_run(folder: str | Path) -> dict:
 _pct = pct_with_interval  # a rate in percent, "-" when missing
 
 
+def wall_seconds(run: dict) -> float:
+    """The run's wall time so far: its finished stages, plus the finished rounds of an
+    expert-iteration stage still in progress (``rl/rounds.json``), which is most of a
+    long run's time before it ends."""
+    seconds = sum(entry["seconds"] for entry in run["stages"].values())
+    rounds = run["dir"] / "rl" / "rounds.json"
+    if "rl" not in run["stages"] and rounds.is_file():
+        seconds += sum(record.get(key, 0.0) for record in json.loads(rounds.read_text())
+                       for key in ("play_seconds", "sft_seconds", "eval_seconds"))
+    return seconds
+
+
 def _pass_cell(metrics: dict, name: str = "pass@1") -> str:
     """``name`` from an evaluation's ``metrics.json``, with its 95% interval where it has one."""
     return pct_with_interval(metrics.get("pass_at_k", {}).get(name), metrics.get("pass_at_k_ci95", {}).get(name))
@@ -244,7 +256,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
             cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
         cells.append(rl_gain_cell(run, mode))
         cells.append(_pct(found.get("best_first_rate")))  # the final evaluation's
-        minutes = sum(entry["seconds"] for entry in run["stages"].values()) / 60
+        minutes = wall_seconds(run) / 60
         done = "report" in run["stages"]
         rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
                     + " | ".join(cells) + f" | {minutes:.0f}{'' if done else ' (unfinished)'} |")
