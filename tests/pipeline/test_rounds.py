@@ -84,12 +84,14 @@ def test_the_plot_names_each_groups_label_and_draws_one_random_line_per_score(tm
                       "G3: spa frozenlake, iterate, solver label (1 seed)", "random valid actions (frozenlake)"]
 
 
-def test_an_unfinished_runs_wall_time_counts_its_finished_rounds(tmp_path):
+def test_a_runs_wall_time_counts_its_rounds_where_its_rl_stage_shows_less(tmp_path):
     (tmp_path / "rl").mkdir()
     (tmp_path / "rl" / "rounds.json").write_text(json.dumps([
-        {"round": 0, "eval_seconds": 10.0},
+        {"round": 0, "eval_seconds": 7.0},  # the before-RL evaluation's, copied: counted there
         {"round": 1, "play_seconds": 100.0, "sft_seconds": 200.0, "eval_seconds": 30.0}]))
     stages = {"bootstrap": {"seconds": 5.0}, "eval_bootstrap": {"seconds": 7.0}}
-    assert wall_seconds({"dir": tmp_path, "stages": stages}) == 352.0  # in progress: 12 + 10 + 330
-    finished = {**stages, "rl": {"seconds": 400.0}}  # the stage's own time covers its rounds
-    assert wall_seconds({"dir": tmp_path, "stages": finished}) == 412.0
+    assert wall_seconds({"dir": tmp_path, "stages": stages}) == 342.0  # running: 12 + round 1's 330
+    resumed = {**stages, "rl": {"seconds": 40.0}}  # recorded by its last process alone
+    assert wall_seconds({"dir": tmp_path, "stages": resumed}) == 342.0
+    whole = {**stages, "rl": {"seconds": 400.0}}  # summed over its processes: covers its rounds
+    assert wall_seconds({"dir": tmp_path, "stages": whole}) == 412.0

@@ -161,8 +161,11 @@ def test_an_interrupted_run_continues_to_the_same_result(preset, finished, tmp_p
     with pytest.raises(KeyboardInterrupt):
         Run(recipe, folder, log=lambda _: None).run()
     assert "rl" not in json.loads((folder / "stages.json").read_text())
+    spent = json.loads((folder / "clock.json").read_text())["rl"]  # the interrupted stage's time so far
     monkeypatch.setattr(logger_module.MetricsLogger, "log", original)
     Run(recipe, folder, log=lambda _: None).run()
+    assert json.loads((folder / "stages.json").read_text())["rl"]["seconds"] >= spent > 0  # counted on
+    assert not (folder / "clock.json").exists()  # nothing unfinished
     a = load_file(finished / "rl" / "checkpoint" / "policy" / "model.safetensors")
     b = load_file(folder / "rl" / "checkpoint" / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -54,15 +54,21 @@ _pct = pct_with_interval  # a rate in percent, "-" when missing
 
 
 def wall_seconds(run: dict) -> float:
-    """The run's wall time so far: its finished stages, plus the finished rounds of an
-    expert-iteration stage still in progress (``rl/rounds.json``), which is most of a
-    long run's time before it ends."""
-    seconds = sum(entry["seconds"] for entry in run["stages"].values())
-    rounds = run["dir"] / "rl" / "rounds.json"
-    if "rl" not in run["stages"] and rounds.is_file():
-        seconds += sum(record.get(key, 0.0) for record in json.loads(rounds.read_text())
-                       for key in ("play_seconds", "sft_seconds", "eval_seconds"))
-    return seconds
+    """The run's wall time so far, in seconds: its stages' (``stages.json``), with an
+    expert-iteration stage counted as at least its rounds' play, SFT and evaluation
+    (``rl/rounds.json``; round 0's evaluation is the before-RL stage's, not counted twice).
+
+    That covers the rounds of a stage still running, most of a long run's time, and runs
+    recorded before stage times were summed over resumes (:mod:`spa.pipeline.clock`),
+    whose RL stage shows only its last process's time.
+    """
+    stages = run["stages"]
+    seconds = sum(entry["seconds"] for name, entry in stages.items() if name != "rl")
+    rounds_path = run["dir"] / "rl" / "rounds.json"
+    records = json.loads(rounds_path.read_text()) if rounds_path.is_file() else []
+    rounds = sum(record.get(key) or 0.0 for record in records if record["round"] > 0
+                 for key in ("play_seconds", "sft_seconds", "eval_seconds"))
+    return seconds + max(stages.get("rl", {}).get("seconds", 0.0), rounds)
 
 
 def _pass_cell(metrics: dict, name: str = "pass@1") -> str:

@@ -20,8 +20,8 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
     eval_final  the last model: the RL policy (the RWML one for rwml)
     report      report.md and plots
 
-``runs/NAME/stages.json`` records each finished stage (outputs and wall time), written
-atomically after the stage; running the same command again skips finished stages and
+``runs/NAME/stages.json`` records each finished stage (outputs and wall time, summed over
+the processes that ran it: :mod:`spa.pipeline.clock`), written atomically after the stage; running the same command again skips finished stages and
 resumes an interrupted SFT (last resume point, at most 10 minutes back), play or
 evaluation (last finished turn) or RL stage (last checkpoint). The resolved
 recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
@@ -39,7 +39,6 @@ from __future__ import annotations
 import gc
 import json
 import shutil
-import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -55,6 +54,7 @@ from spa.io import drop_trainer_states, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
+from spa.pipeline.clock import StageClock
 from spa.pipeline.layout import BEFORE_RL, eval_dir
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
 from spa.pipeline.report import write_report
@@ -131,9 +131,9 @@ class Run:
                 self.log(f"stage {stage}: done earlier, skipped")
                 continue
             self.log(f"stage {stage}: running")
-            start = time.perf_counter()
-            outputs = getattr(self, f"_{stage}")()
-            self.stages[stage] = {"outputs": outputs, "seconds": round(time.perf_counter() - start, 1)}
+            with StageClock(self.dir / "clock.json", stage) as clock:  # counts on across resumes
+                outputs = getattr(self, f"_{stage}")()
+            self.stages[stage] = {"outputs": outputs, "seconds": round(clock.seconds(), 1)}
             write_json(self.dir / "stages.json", self.stages)
             # After the record: a crash before it leaves the stage resumable, one after it a
             # file that the sweep above deletes on the next start.

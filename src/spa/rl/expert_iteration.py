@@ -35,7 +35,6 @@ killed at any point resumes where it stopped.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -159,7 +158,6 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     stats_path = data.with_suffix(".stats.json")
     if stats_path.is_file():  # written after the data, so both are complete
         return json.loads(stats_path.read_text(encoding="utf-8"))
-    start = time.perf_counter()
     lm, tokenizer = load(model)
     engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device)
                     .decode_dtype)
@@ -171,7 +169,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
         raise RuntimeError(f"{data.parent.name} kept no turn: none of {stats['episodes']} episodes passed "
                            f"keep={play.keep!r} (success {100 * stats['success_rate']:.1f}%); play more "
                            "episodes, or start from a model that sometimes succeeds")
-    stats["wall_seconds"] = round(time.perf_counter() - start, 1)
+    stats["wall_seconds"] = round(log.seconds(), 1)  # the play's, summed over the processes that resumed it
     write_jsonl(data, examples)
     write_json(stats_path, stats)
     log.finish()
