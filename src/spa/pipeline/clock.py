@@ -21,9 +21,8 @@ from spa.io import write_json
 class StageClock:
     """Time spent on ``stage`` by every process so far; a context manager around the stage.
 
-    On a clean exit the
-    stage's entry is removed (the caller records the total in ``stages.json``); on an
-    exception it is written, so the next process goes on counting from it.
+    On a clean exit the stage's entry is removed (the caller records the total in
+    ``stages.json``); on an exception it is written, so the next process counts on from it.
     """
 
     def __init__(self, path: str | Path, stage: str, every: float = 60.0):

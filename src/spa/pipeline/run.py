@@ -21,8 +21,8 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
     report      report.md and plots
 
 ``runs/NAME/stages.json`` records each finished stage (outputs and wall time, summed over
-the processes that ran it: :mod:`spa.pipeline.clock`), written atomically after the stage; running the same command again skips finished stages and
-resumes an interrupted SFT (last resume point, at most 10 minutes back), play or
+the processes that ran it: :mod:`spa.pipeline.clock`), written atomically after the
+stage; running the same command again skips finished stages and resumes an interrupted SFT (last resume point, at most 10 minutes back), play or
 evaluation (last finished turn) or RL stage (last checkpoint). The resolved
 recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
 
