@@ -24,8 +24,8 @@ Stages, in order (the SPA-only ones are skipped for the baselines):
 the processes that ran it: :mod:`spa.pipeline.clock`), written atomically after the
 stage; running the same command again skips finished stages and resumes an interrupted
 SFT (last resume point, at most 10 minutes back), play or evaluation (last finished turn)
-or RL stage (last checkpoint). The resolved
-recipe is saved as ``config.yaml``; a rerun with a different recipe is refused.
+or RL stage (last checkpoint). The resolved recipe is saved as ``config.yaml``; a rerun
+with a different recipe is refused.
 
 Once a training stage is recorded as finished, its checkpoints lose their trainer state
 (``trainer_state.pt``: optimizer, scheduler, the RL critic), unless the recipe sets
