@@ -2,7 +2,9 @@
 
 Stages, in order (the SPA-only ones are skipped for the baselines):
 
-    bootstrap   random-exploration data + SFT that teaches the format (optional; spa, rwml, vagen)
+    bootstrap   random-exploration data + SFT that teaches the format (optional; every method, in the
+                world-model prompt for spa, rwml and vagen, in its RL prompt for vanilla and
+                state_estimation)
     selfplay    world-model self-play with ground-truth replacement (spa)
     sft         world-model SFT on the self-play data (spa)
     bridge      a format bridge when RL's prompt mode is not world_model (spa with prompt.mode=base
