@@ -8,7 +8,8 @@ every round, then correlates each start measure with the final Pass@1 across the
 (Pearson's r with a 95% bootstrap interval over runs, and Spearman's rank correlation),
 and estimates each recipe's difference from the first (runs grouped by name without
 their ``-sN``) by least squares with and without the start's actions a turn as a
-covariate, with t intervals:
+covariate, and with each seed as a block (runs of different recipes with the same seed
+compared with each other), with t intervals:
 
     python experiments/seed_spread.py results/runs/frozenlake-*-iterate-*
 
@@ -87,16 +88,32 @@ def recipe_of(run: Path) -> str:
     return re.sub(r"-s\d+$", "", run.name)
 
 
-def differences(recipes: list[str], end, covariate=None) -> dict:
+def seed_of(run: Path) -> str:
+    """The run's seed suffix (``frozenlake-spa-iterate-s2``: ``s2``; none: the whole name)."""
+    found = re.search(r"-(s\d+)$", run.name)
+    return found.group(1) if found else run.name
+
+
+def indicators(labels: list[str]) -> list[np.ndarray]:
+    """One 0/1 column per label but the first."""
+    names = list(dict.fromkeys(labels))
+    return [np.array([label == n for label in labels], float) for n in names[1:]]
+
+
+def differences(recipes: list[str], end, covariate=None, blocks: list[str] | None = None) -> dict:
     """Least-squares difference of each recipe's mean end from the first recipe's, with a
     95% t interval, in points (``end`` is a rate); with ``covariate``, at equal covariate
-    (one common slope, points per unit of the covariate)."""
+    (one common slope, points per unit of the covariate); with ``blocks`` (each run's
+    seed), within blocks: each seed gets its own level, so that a seed which sets every
+    method's start alike (Sokoban's bootstrap exploration) drops out of the comparison."""
     names = list(dict.fromkeys(recipes))
-    columns = [np.ones(len(end))] + [np.array([r == n for r in recipes], float) for n in names[1:]]
+    columns = [np.ones(len(end))] + indicators(recipes)
+    if blocks is not None:
+        columns += indicators(blocks)
     if covariate is not None:
         columns.append(np.asarray(covariate, float))
     x, y = np.column_stack(columns), 100 * np.asarray(end, float)
-    df = len(y) - x.shape[1]
+    df = len(y) - int(np.linalg.matrix_rank(x))  # a seed run by one recipe only adds no information
     if df < 1:
         return {}
     beta = np.linalg.lstsq(x, y, rcond=None)[0]
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("runs", nargs="+", type=Path, help="Archived runs or spa iterate folders.")
     parser.add_argument("--round", type=int, default=3, help="The round whose Pass@1 is the end.")
     args = parser.parse_args(argv)
-    table, start, end, recipes = [], {m: [] for m in START_MEASURES}, [], []
+    table, start, end, recipes, seeds = [], {m: [] for m in START_MEASURES}, [], [], []
     for run in args.runs:
         rounds = rounds_of(run)
         if len(rounds) <= args.round:
@@ -131,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             start[name].append(first[name])
         end.append(rounds[args.round]["pass_at_k"]["pass@1"])
         recipes.append(recipe_of(run))
+        seeds.append(seed_of(run))
         curve = "  ".join(f"{100 * m['pass_at_k']['pass@1']:.1f}/{measures(m)['actions_per_turn']:.2f}"
                           for m in rounds[: args.round + 1])
         table.append(f"| {run.name} | {first['actions_per_turn']:.2f} | {100 * first['pass@1']:.1f} | "
@@ -143,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"end": f"round-{args.round} pass@1",
               "correlation_with_start": {name: correlation(values, end) for name, values in start.items()},
               "difference": differences(recipes, end),
-              "difference_at_equal_actions_per_turn": differences(recipes, end, start["actions_per_turn"])}
+              "difference_at_equal_actions_per_turn": differences(recipes, end, start["actions_per_turn"]),
+              "difference_within_seeds": differences(recipes, end, blocks=seeds)}
     print(json.dumps(result, indent=1))
     return result
 

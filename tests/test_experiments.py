@@ -67,6 +67,27 @@ def test_seed_spread_recovers_method_differences_at_equal_answer_length(spread, 
     assert "| a-s0 | 1.00 |" in capsys.readouterr().out
 
 
+def test_seed_spread_compares_recipes_within_seeds(spread, tmp_path):
+    # end = seed's level + 5 (method b) + a small interaction; the seeds' levels (30, 50,
+    # 70) swamp the plain difference's interval, the blocked one keeps b's lead; seed 9,
+    # run by one recipe only, changes neither the estimate nor the degrees of freedom
+    level, wobble = {0: 30, 1: 50, 2: 70}, {0: 1.0, 1: -1.0, 2: 0.0}
+    runs = [write_rounds(tmp_path / f"{m}-s{i}", [(0.2, 1.0), ((level[i] + (5 + wobble[i]) * (m == "b")) / 100, 1.0)])
+            for m in ("a", "b") for i in level]
+    runs.append(write_rounds(tmp_path / "b-s9", [(0.2, 1.0), (0.9, 1.0)]))
+    result = spread.main([str(r) for r in runs] + ["--round", "1"])
+    blocked = result["difference_within_seeds"]
+    assert blocked["b - a"]["points"] == pytest.approx(5.0) and blocked["df"] == 2
+    # by hand: residuals +-0.5 (seeds 0, 1) and 0, so RSS 1 on 2 df; the mean of three
+    # paired differences has variance 2 x 0.5 / 3, and t(2) = 4.303
+    assert blocked["residual_sd"] == pytest.approx(0.7)
+    half = 4.303 * np.sqrt(2 * 0.5 / 3)
+    assert blocked["b - a"]["ci95"] == pytest.approx([5 - half, 5 + half], abs=0.051)
+    plain = result["difference"]["b - a"]
+    assert plain["ci95"][0] < 0 < plain["ci95"][1]
+    assert spread.seed_of(Path("x-iterate-s12")) == "s12" and spread.seed_of(Path("it")) == "it"
+
+
 def test_seed_spread_leaves_out_runs_short_of_the_round(spread, tmp_path, capsys):
     runs = [write_rounds(tmp_path / f"a-s{i}", [(0.2, 1.0 + i), (0.1 * i, 1.0)]) for i in range(3)]
     short = write_rounds(tmp_path / "a-s9", [(0.2, 1.0)])
