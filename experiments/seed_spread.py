@@ -83,14 +83,17 @@ def t975(df: int) -> float:
     return T975[max(d for d in T975 if d <= df)]
 
 
+SEED_SUFFIX = re.compile(r"-(s\d+)$")
+
+
 def recipe_of(run: Path) -> str:
     """The run's name without its seed suffix (``frozenlake-spa-iterate-s2``: ``frozenlake-spa-iterate``)."""
-    return re.sub(r"-s\d+$", "", run.name)
+    return SEED_SUFFIX.sub("", run.name)
 
 
 def seed_of(run: Path) -> str:
     """The run's seed suffix (``frozenlake-spa-iterate-s2``: ``s2``; none: the whole name)."""
-    found = re.search(r"-(s\d+)$", run.name)
+    found = SEED_SUFFIX.search(run.name)
     return found.group(1) if found else run.name
 
 
