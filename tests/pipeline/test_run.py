@@ -556,6 +556,8 @@ def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_
     assert row[10] == rl_gain(folder, before="eval_bootstrap")
     table = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "## Learning curves (expert iteration)" in table and (tmp_path / "cmp" / "rounds.png").is_file()
+    round_1 = next(line.split(" | ") for line in table.splitlines() if line.startswith("| vanilla-iterate | 1 |"))
+    assert round_1[5] == row[10]  # one round: its gain over round 0 is RL's gain over the bootstrap
     assert "after the format bootstrap" in (folder / "report.md").read_text()
 
 

@@ -24,7 +24,7 @@ from spa.io import atomic_write_text  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.replicates import (SEED_KEYS, difference_table, final_mode, group_runs, group_table,  # noqa: E402
                                      model_eval, plot_passk, spread_table, trajectories_path)
-from spa.pipeline.rounds import plot_rounds, round_table  # noqa: E402
+from spa.pipeline.rounds import plot_rounds, round_table, run_round_table  # noqa: E402
 from spa.rl.logger import read_metrics  # noqa: E402
 
 EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",
@@ -318,6 +318,15 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "![rounds](rounds.png)", ""]
     else:  # a folder reused for runs without rounds: no stale plot beside the new table
         (out / "rounds.png").unlink(missing_ok=True)
+    by_round = run_round_table(runs)
+    if by_round:
+        sections += ["## Rounds, run by run", "", by_round, "",
+                     "Per round of each run: the turns its play kept (by the run's label) of those played, and "
+                     "the play's episode success; Pass@1 in % with its 95% interval over levels; the paired "
+                     "Pass@1 gain over the round before on the same levels, in points, with the levels whose "
+                     "Pass@1 rose and fell (`spa paired`); actions a turn: mean actions over mean turns of the "
+                     "evaluation. Round 0 is the model RL starts from; its evaluation minutes are that "
+                     "evaluation's.", ""]
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)

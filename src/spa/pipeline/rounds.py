@@ -5,13 +5,15 @@ A run's round ``r`` is evaluated in ``rl/round-r/eval`` (round 0: the model RL s
 on the same levels as every other evaluation of the run, so the mean over seeds of each
 round's Pass@1, with its interval over seeds and levels, is the curve the comparison is
 about: whether, and how fast, each start learns from the same rounds, beside random valid
-actions on the same levels (played here: a few seconds, no model).
+actions on the same levels (played here: a few seconds, no model). Run by run, each round
+also shows what its play kept, its paired gain over the round before and its times.
 """
 
 from __future__ import annotations
 
 import json
 from functools import lru_cache
+from itertools import count
 from pathlib import Path
 
 import matplotlib
@@ -24,6 +26,7 @@ from spa.agent.prompts import PromptConfig  # noqa: E402
 from spa.eval.baselines import evaluate_policy  # noqa: E402
 from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
+from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, rl_label, summary  # noqa: E402
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
@@ -94,6 +97,62 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
         rows.append(f"| G{i} | {method} | {env} | {len(group)} | " + " | ".join(cells)
                     + f" | {100 * start:.1f}% -> {100 * last:.1f}% | {reference} |")
     return "\n".join(rows)
+
+
+def _rounds_record(run: dict) -> dict[int, dict]:
+    """``rl/rounds.json`` of a run by round (play and SFT figures, stage times); empty
+    without one."""
+    path = Path(run["dir"]) / "rl" / "rounds.json"
+    return {entry["round"]: entry for entry in json.loads(path.read_text())} if path.is_file() else {}
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.0f}"
+
+
+def run_round_rows(run: dict) -> list[str]:
+    """The rows of :func:`run_round_table` for one run, one per round it evaluated."""
+    record = _rounds_record(run)
+    rows, before = [], None
+    for r in count():
+        found = round_eval(run, r)
+        if found is None:
+            break
+        metrics, folder = found[0], Path(run["dir"]) / "rl" / f"round-{r}" / "eval"
+        entry = record.get(r, {})
+        gain = moved = "-"
+        if before is not None:
+            try:
+                paired = compare_evaluations(before, folder)["pass@1"]
+                gain = signed_pct_with_interval(paired["difference"], paired["difference_ci95"])
+                moved = f"{paired['improved']} / {paired['worsened']}"
+            except (FileNotFoundError, ValueError):  # levels not kept, or other levels played
+                pass
+        kept = f"{entry['kept']:,} / {entry['turns']:,}" if "kept" in entry else "-"
+        success = f"{100 * entry['play_success']:.1f}%" if "play_success" in entry else "-"
+        first = metrics.get("best_first_rate")
+        actions = (f"{metrics['mean_actions'] / metrics['mean_turns']:.2f}"
+                   if metrics.get("mean_turns") and "mean_actions" in metrics else "-")
+        times = " / ".join(_minutes(entry.get(f"{stage}_seconds")) for stage in ("play", "sft", "eval"))
+        pass1 = pct_with_interval(metrics["pass_at_k"]["pass@1"], (metrics.get("pass_at_k_ci95") or {}).get("pass@1"))
+        rows.append(f"| {run['name']} | {r} | {kept} | {success} | {pass1} | {gain} | {moved} | "
+                    f"{'-' if first is None else f'{100 * first:.1f}%'} | {actions} | {times} |")
+        before = folder
+    return rows
+
+
+def run_round_table(runs: list[dict]) -> str | None:
+    """One row per round of each run of expert iteration: the turns its play kept of those
+    played and the play's success rate, Pass@1 with its interval over levels, the paired
+    Pass@1 gain over the round before on the same levels (:func:`spa.eval.paired.compare_evaluations`)
+    with the levels that rose and fell, the best-first-action rate, actions a turn, and the
+    round's play, SFT and evaluation minutes; None when no run has rounds."""
+    rows = [row for run in runs for row in run_round_rows(run)]
+    if not rows:
+        return None
+    return "\n".join(["| run | round | turns kept / played | play success | Pass@1 | gain over the round before "
+                      "(paired) | levels up / down | best first action | actions a turn | play / SFT / eval (min) |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
 
 
 def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) -> Path | None:
