@@ -1,5 +1,6 @@
 """The scripts of experiments/: the reward-only filters of reward_filters.py on hand-built
-episodes, seed_spread.py on hand-built evaluations, and the cells comparison.sh runs."""
+episodes, seed_spread.py and paired_table.py on hand-built evaluations, and the cells comparison.sh
+runs."""
 
 import importlib.util
 import json
@@ -303,3 +304,38 @@ def test_resume_check_finds_both_resumes_exact_on_the_cpu(tmp_path, capsys):
     assert report["eval_trajectories_identical"] and report["resume_point"]["epoch"] == 1
     assert report["sft_resumed_vs_whole"] == 0.0 == report["sft_whole_vs_whole_again"]
     assert json.loads(capsys.readouterr().out) == report
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return script("paired_table")
+
+
+def write_levels(folder: Path, wins: list[int], samples: int = 2) -> Path:
+    """An evaluation's levels.json: level ``l`` won ``wins[l]`` of ``samples``."""
+    folder.mkdir(parents=True)
+    levels = {str(10 + level): [s < w for s in range(samples)] for level, w in enumerate(wins)}
+    (folder / "levels.json").write_text(json.dumps({"env": "sokoban", "env_config": {}, "levels": levels}))
+    return folder
+
+
+def test_paired_table_finds_runs_by_name_and_lists_what_is_missing(pairs, tmp_path, capsys):
+    write_levels(tmp_path / "archived" / "sokoban-spa-iterate-s0" / "rl" / "round-0" / "eval", [0, 1, 2])
+    write_levels(tmp_path / "live" / "sokoban-spa-iterate-s0" / "rl" / "round-1" / "eval", [0, 0, 0])  # shadowed
+    write_levels(tmp_path / "archived" / "sokoban-spa-iterate-s0" / "rl" / "round-1" / "eval", [2, 2, 2])
+    write_levels(tmp_path / "random", [1, 1, 1])
+    listing = tmp_path / "pairs.txt"
+    listing.write_text("# a comment\n\nsokoban-spa-iterate-s0:1 sokoban-spa-iterate-s0:0\n"
+                       "sokoban-spa-iterate-s0:1 random  # against random play\nsokoban-spa-iterate-s0:2 random\n")
+    assert pairs.main([str(listing), "--runs", str(tmp_path / "archived"), "--runs", str(tmp_path / "live"),
+                       "--random", str(tmp_path / "random"), "--strip", "sokoban-", "--strip=-iterate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # Per level 0 -> 1, 1/2 -> 1, 1 -> 1: Pass@1 gains 1, 1/2, 0 (mean 1/2, sd 1/2 over 3 levels,
+    # 95% interval 1/2 +- 1.96 * 0.5 / sqrt(3), clipped at +100 points); Pass@2 gains 1, 0, 0.
+    assert out[2] == "| spa-s0 round 1 - spa-s0 start | +50.0 [-6.6, +100.0] | 2 / 0 | +33.3 [-32.0, +98.7] | 1 / 0 |"
+    assert out[3].startswith("| spa-s0 round 1 - random valid actions | +50.0 [+50.0, +50.0] | 3 / 0 |")
+    assert "- sokoban-spa-iterate-s0:2 random: " in "\n".join(out)  # round 2 not evaluated: listed, not dropped
+    listing.write_text("sokoban-spa-iterate-s0:1\n")
+    with pytest.raises(SystemExit):
+        pairs.main([str(listing)])
+    assert "a line names two evaluations, AFTER BEFORE; got 'sokoban-spa-iterate-s0:1'" in capsys.readouterr().err
