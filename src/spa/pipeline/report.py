@@ -300,36 +300,41 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                     "groups and each group's seeds independently (`spa.eval.metrics.bootstrap_difference`); "
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
                     "interval too narrow, not too wide.")
-    sections = ["## Against plain RL", "", against, "", against_note, ""] if against else []
+    sections = _section("Against plain RL", against, against_note) if against else []
     spread = spread_table(groups)
     if spread:
-        sections += ["## Seed spread", "", spread, "",
+        sections += _section("Seed spread", spread,
                      "The standard deviation of the final Pass@1 between runs of one recipe, pooled over the "
                      "recipes with two or more finished runs (df: runs minus recipes), and the runs each of two "
                      "recipes needs to show a true difference of that many points with a 5% two-sided test at "
                      "80% power: 2 (1.96 + 0.84)^2 SD^2 / gap^2, rounded up (normal approximation). The SD "
-                     "includes the noise of the evaluation's samples.", ""]
+                     "includes the noise of the evaluation's samples.")
     curves = round_table(groups, resamples)
     if curves and plot_rounds(groups, out / "rounds.png"):
-        sections += ["## Learning curves (expert iteration)", "", curves, "",
+        sections += _section("Learning curves (expert iteration)", curves,
                      "Pass@1 in % after each round (round 0: the model RL starts from), mean over the runs that "
                      "reached it with its 95% interval, as in the replicates table; best first action: the share "
-                     "of turns whose first action begins a shortest solution, mean over the runs.", "",
-                     "![rounds](rounds.png)", ""]
+                     "of turns whose first action begins a shortest solution, mean over the runs.",
+                     "![rounds](rounds.png)", "")
     else:  # a folder reused for runs without rounds: no stale plot beside the new table
         (out / "rounds.png").unlink(missing_ok=True)
     by_round = run_round_table(runs)
     if by_round:
-        sections += ["## Rounds, run by run", "", by_round, "",
+        sections += _section("Rounds, run by run", by_round,
                      "Per round of each run: the turns its play kept (by the run's label) of those played, and "
                      "the play's episode success; Pass@1 in % with its 95% interval over levels; the paired "
                      "Pass@1 gain over the round before on the same levels, in points, with the levels whose "
                      "Pass@1 rose and fell (`spa paired`); actions a turn: mean actions over mean turns of the "
                      "evaluation. Round 0 is the model RL starts from; its evaluation minutes are that "
-                     "evaluation's.", ""]
+                     "evaluation's.")
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
+
+
+def _section(title: str, table: str, note: str, *more: str) -> list[str]:
+    """The lines of one section of ``comparison.md``: its title, table and note, then ``more``."""
+    return [f"## {title}", "", table, "", note, "", *more]
 
 
 def _recipe_summary(config_text: str) -> dict:
