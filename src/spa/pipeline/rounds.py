@@ -26,8 +26,9 @@ from spa.agent.prompts import PromptConfig  # noqa: E402
 from spa.eval.baselines import evaluate_policy  # noqa: E402
 from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
-from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
-from spa.pipeline.replicates import level_counts, replicate_cell, replicate_estimate, rl_label, summary  # noqa: E402
+from spa.eval.paired import paired_difference, signed_pct_with_interval  # noqa: E402
+from spa.pipeline.replicates import (level_counts, level_table, replicate_cell, replicate_estimate,  # noqa: E402
+                                     rl_label, summary)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
 
@@ -110,6 +111,13 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.0f}"
 
 
+def _outcomes(folder: Path) -> tuple[dict, dict[int, list[bool]]] | None:
+    """``(played, successes of each level)`` of an evaluation, from the table every section
+    of the comparison shares (:func:`spa.pipeline.replicates.level_table`: read once)."""
+    table = level_table(folder / "trajectories.jsonl")
+    return table and (table[0], {seed: [True] * c + [False] * (n - c) for seed, (n, c) in table[1].items()})
+
+
 def run_round_rows(run: dict) -> list[str]:
     """The rows of :func:`run_round_table` for one run, one per round it evaluated."""
     record = _rounds_record(run)
@@ -121,12 +129,13 @@ def run_round_rows(run: dict) -> list[str]:
         metrics, folder = found[0], Path(run["dir"]) / "rl" / f"round-{r}" / "eval"
         entry = record.get(r, {})
         gain = moved = "-"
-        if before is not None:
+        outcomes = _outcomes(folder)
+        if before and outcomes and before[0] == outcomes[0]:  # the same environment and options
             try:
-                paired = compare_evaluations(before, folder)["pass@1"]
-                gain = signed_pct_with_interval(paired["difference"], paired["difference_ci95"])
-                moved = f"{paired['improved']} / {paired['worsened']}"
-            except (FileNotFoundError, ValueError):  # levels not kept, or other levels played
+                paired = paired_difference(before[1], outcomes[1])
+                gain = signed_pct_with_interval(paired.difference, paired.difference_ci95)
+                moved = f"{paired.improved} / {paired.worsened}"
+            except ValueError:  # other levels played
                 pass
         kept = f"{entry['kept']:,} / {entry['turns']:,}" if "kept" in entry else "-"
         success = f"{100 * entry['play_success']:.1f}%" if "play_success" in entry else "-"
@@ -137,14 +146,14 @@ def run_round_rows(run: dict) -> list[str]:
         pass1 = pct_with_interval(metrics["pass_at_k"]["pass@1"], (metrics.get("pass_at_k_ci95") or {}).get("pass@1"))
         rows.append(f"| {run['name']} | {r} | {kept} | {success} | {pass1} | {gain} | {moved} | "
                     f"{'-' if first is None else f'{100 * first:.1f}%'} | {actions} | {times} |")
-        before = folder
+        before = outcomes
     return rows
 
 
 def run_round_table(runs: list[dict]) -> str | None:
     """One row per round of each run of expert iteration: the turns its play kept of those
     played and the play's success rate, Pass@1 with its interval over levels, the paired
-    Pass@1 gain over the round before on the same levels (:func:`spa.eval.paired.compare_evaluations`)
+    Pass@1 gain over the round before on the same levels (:func:`spa.eval.paired.paired_difference`)
     with the levels that rose and fell, the best-first-action rate, actions a turn, and the
     round's play, SFT and evaluation minutes; None when no run has rounds."""
     rows = [row for run in runs for row in run_round_rows(run)]
