@@ -59,13 +59,16 @@ def rows(lines: list[str], runs: list[Path], random: Path | None,
             missing.append(f"{line}: {error}")
             continue
         k = max(int(key.removeprefix("pass@")) for key in result if key.startswith("pass@"))
-        cells = [f"{after_label} - {before_label}"]
-        for key in ("pass@1", f"pass@{k}"):
-            d = result[key] if key in result and (key == "pass@1" or k > 1) else None
-            cells += ([signed_pct_with_interval(d["difference"], d["difference_ci95"]), f"{d['improved']} / {d['worsened']}"]
-                      if d else ["-", "-"])
+        cells = [f"{after_label} - {before_label}", *_difference(result["pass@1"]),
+                 *(_difference(result[f"pass@{k}"]) if k > 1 else ("-", "-"))]  # one sample a level: no Pass@k
         table.append("| " + " | ".join(cells) + " |")
     return table, missing
+
+
+def _difference(paired: dict) -> tuple[str, str]:
+    """The difference with its interval, and the levels up / down, of one Pass@k."""
+    return (signed_pct_with_interval(paired["difference"], paired["difference_ci95"]),
+            f"{paired['improved']} / {paired['worsened']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,10 @@ from spa.agent.prompts import PromptConfig
 from spa.eval.baselines import evaluate_policy
 from spa.eval.evaluate import EvalConfig
 from spa.eval.metrics import bootstrap_interval, pct_with_interval
+from spa.eval.paired import paired_difference, signed_pct_with_interval
 from spa.pipeline.replicates import group_runs
 from spa.pipeline import rounds as rounds_module
 from spa.pipeline.report import wall_seconds
-from spa.eval.paired import paired_difference, signed_pct_with_interval
 from spa.pipeline.rounds import group_rounds, plot_rounds, round_table, run_round_table
 
 
