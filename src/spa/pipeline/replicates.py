@@ -98,22 +98,28 @@ def level_counts(trajectories: str | Path) -> tuple[tuple[int, int], ...] | None
 
 def level_table(trajectories: str | Path) -> tuple[dict, dict[int, tuple[int, int]]] | None:
     """``(played, {level seed: (samples, successes)})`` of an evaluation (``played``: the
-    environment and its options), as :func:`level_counts` finds it. Read once per version
-    of the file: the tables and the plot all need it, and a file of 128 x 8 episodes takes
-    a while to parse."""
+    environment and its options), from :func:`level_outcomes`."""
+    found = level_outcomes(trajectories)
+    return found and (found[0], {seed: (len(outcomes), sum(outcomes)) for seed, outcomes in found[1].items()})
+
+
+def level_outcomes(trajectories: str | Path) -> tuple[dict, dict[int, tuple[bool, ...]]] | None:
+    """``(played, {level seed: one success per sample})`` of an evaluation, as
+    :func:`level_counts` finds it. Read once per version of the file: the tables and the
+    plot all need it, and a file of 128 x 8 episodes takes a while to parse."""
     path = Path(trajectories)
     if not path.is_file():
         path = path.with_name(LEVELS)
         if not path.is_file():
             return None
     stat = path.stat()
-    return _level_table(str(path.parent), stat.st_mtime_ns, stat.st_size)
+    return _level_outcomes(str(path.parent), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
-def _level_table(folder: str, _mtime_ns: int, _size: int) -> tuple[dict, dict[int, tuple[int, int]]]:
+def _level_outcomes(folder: str, _mtime_ns: int, _size: int) -> tuple[dict, dict[int, tuple[bool, ...]]]:
     played, levels = read_levels(folder)
-    return played, {seed: (len(outcomes), sum(outcomes)) for seed, outcomes in levels.items()}
+    return played, {seed: tuple(outcomes) for seed, outcomes in levels.items()}
 
 
 def trajectories_path(run: dict, stage: str, mode: str) -> Path:

@@ -27,7 +27,7 @@ from spa.eval.baselines import evaluate_policy  # noqa: E402
 from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
 from spa.eval.paired import paired_difference, signed_pct_with_interval  # noqa: E402
-from spa.pipeline.replicates import (level_counts, level_table, replicate_cell, replicate_estimate,  # noqa: E402
+from spa.pipeline.replicates import (level_counts, level_outcomes, replicate_cell, replicate_estimate,  # noqa: E402
                                      rl_label, summary)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
@@ -111,13 +111,6 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.0f}"
 
 
-def _outcomes(folder: Path) -> tuple[dict, dict[int, list[bool]]] | None:
-    """``(played, successes of each level)`` of an evaluation, from the table every section
-    of the comparison shares (:func:`spa.pipeline.replicates.level_table`: read once)."""
-    table = level_table(folder / "trajectories.jsonl")
-    return table and (table[0], {seed: [True] * c + [False] * (n - c) for seed, (n, c) in table[1].items()})
-
-
 def run_round_rows(run: dict) -> list[str]:
     """The rows of :func:`run_round_table` for one run, one per round it evaluated."""
     record = _rounds_record(run)
@@ -129,7 +122,7 @@ def run_round_rows(run: dict) -> list[str]:
         metrics, folder = found[0], Path(run["dir"]) / "rl" / f"round-{r}" / "eval"
         entry = record.get(r, {})
         gain = moved = "-"
-        outcomes = _outcomes(folder)
+        outcomes = level_outcomes(folder / "trajectories.jsonl")
         if before and outcomes and before[0] == outcomes[0]:  # the same environment and options
             try:
                 paired = paired_difference(before[1], outcomes[1])
