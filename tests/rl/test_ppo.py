@@ -1,6 +1,8 @@
 """The PPO/GRPO trainer: bookkeeping of samples and advantages, and CPU smoke runs."""
 
 import copy
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -460,6 +462,27 @@ def test_resume_gives_the_uninterrupted_result(tiny, tmp_path, warmup_steps):
     # last rate of step 1 is 2/5 of actor_lr and of step 2 4/5; the resumed run went on counting.
     expected = [1e-3, 1e-3] if warmup_steps == 0 else [0.4e-3, 0.8e-3]
     assert [r["actor/lr"] for r in records] == pytest.approx(expected)
+
+
+def test_a_signal_stops_after_the_step_with_its_checkpoint(tiny, tmp_path, monkeypatch):
+    """SIGTERM during step 1 of 3 with save_every=10: the step ends, is logged and saved."""
+    import spa.rl.ppo as ppo
+    from spa.interrupt import Interrupted
+
+    model, tokenizer = tiny
+    real = ppo.update_actor
+
+    def update_and_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ppo, "update_actor", update_and_signal)
+    with pytest.raises(Interrupted, match="step 1 of 3"):
+        train(copy.deepcopy(model), tokenizer, ROLLOUT, small_run("ppo", steps=3, save_every=10,
+                                                                  drop_flat_groups=False), tmp_path, progress=False)
+    checkpoint = resume_point(tmp_path)
+    assert checkpoint is not None and torch.load(checkpoint / "trainer_state.pt", weights_only=False)["step"] == 1
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]
 
 
 def test_warmup_rises_linearly_to_the_full_rate():

@@ -1,7 +1,9 @@
 import copy
 import dataclasses
 import json
+import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -148,6 +150,53 @@ def test_an_epoch_interrupted_midway_resumes_from_its_resume_point(tiny, tmp_pat
     shutil.copytree(tmp_path / "b" / "epoch-2", tmp_path / "b" / "resume")
     (tmp_path / "b" / "resume" / "position.json").write_text('{"epoch": 1, "batches": 1}')
     assert last_checkpoint(tmp_path / "b").name == "epoch-2"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_writes_a_resume_point_at_the_end_of_the_step(tiny, tmp_path, monkeypatch, signum):
+    """SIGTERM (or Ctrl-C) stops after the step with a resume point at that step, from which
+    the run ends where the uninterrupted one does; SIGUSR1 writes the same point and goes on."""
+    import spa.worldmodel.sft as sft
+    from spa.interrupt import Interrupted
+    from spa.models import load_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=8, max_turns=1)  # 6 to train on: 3 batches an epoch
+    config = SFTConfig(lr=3e-3, epochs=2, batch_size=2, val_fraction=0.25, val_examples_generate=2,
+                       val_max_new_tokens=8, precision="fp32")
+    model_a, _ = load_model("tiny", dtype="fp32")
+    train(model_a, tokenizer, examples, config, tmp_path / "a", progress=False)
+
+    real_accumulate, real_save, steps, points = sft._accumulate, sft.save_checkpoint, [], []
+
+    def accumulate_and_signal_in_step_2(*args, **kwargs):
+        steps.append(len(steps) + 1)
+        if len(steps) == 2:
+            os.kill(os.getpid(), signum)  # arrives mid-step
+        return real_accumulate(*args, **kwargs)
+
+    def save(*args, position=None, **kwargs):
+        if position is not None:
+            points.append((args[1], position["batches"]))
+        return real_save(*args, position=position, **kwargs)
+
+    monkeypatch.setattr(sft, "_accumulate", accumulate_and_signal_in_step_2)
+    monkeypatch.setattr(sft, "save_checkpoint", save)
+    model_b, _ = load_model("tiny", dtype="fp32")
+    if signum == signal.SIGUSR1:
+        train(model_b, tokenizer, examples, config, tmp_path / "b", progress=False)
+        assert points == [(0, 2)] and len(steps) == 6
+    else:
+        with pytest.raises(Interrupted, match="epoch 1 of 2 at batch 2 of 3"):
+            train(model_b, tokenizer, examples, config, tmp_path / "b", progress=False)
+        assert points == [(0, 2)] and len(steps) == 2
+        checkpoint = last_checkpoint(tmp_path / "b")
+        assert json.loads((checkpoint / "position.json").read_text()) == {"epoch": 0, "batches": 2}
+        model_b, _ = sft.resume_model(lambda name: load_model(name, dtype="fp32"), "tiny", checkpoint)
+        train(model_b, tokenizer, examples, config, tmp_path / "b", resume_from=checkpoint, progress=False)
+        assert len(steps) == 6  # the step the signal came in was not repeated
+    for (name, a), (_, b) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        torch.testing.assert_close(a, b, msg=name, atol=1e-5, rtol=1e-4)
 
 
 def test_lora_trains_adapters_saves_a_plain_model_and_resumes_exactly(tiny, tmp_path, monkeypatch):

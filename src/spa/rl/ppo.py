@@ -20,7 +20,8 @@ and, off by default (on in the learn preset), every episode weighing alike in th
 (``balance_episodes``).
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
-after the last saved step; the seeds, sampling and minibatch order of a step depend only
+after the last saved step (Ctrl-C or SIGTERM saves the current step's end before stopping,
+SIGUSR1 without stopping: :mod:`spa.interrupt`); the seeds, sampling and minibatch order of a step depend only
 on (seed, step), so a resumed run repeats what the uninterrupted run would have done.
 
 Under ``accelerate launch`` (see :mod:`spa.distributed`) each process plays its share of
@@ -45,7 +46,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from spa import distributed
+from spa import distributed, interrupt
 from spa import precision as precision_
 from spa.agent.parsing import split_actions
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
@@ -550,7 +551,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:
         logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0))))
-    with Bar(disable=not progress or not main) as bar:
+    with contextlib.closing(logger), Bar(disable=not progress or not main) as bar, \
+            interrupt.graceful() as requests:
         task = bar.add_task(f"{config.algorithm} {rollout_config.env}", total=config.steps, completed=start,
                             info="")
         for step in range(start, config.steps):
@@ -600,14 +602,16 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 metrics.update(distributed.on_main(lambda at=done: _eval_entries(evaluate_fn(policy, at))))
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
-            if done % config.save_every == 0 or done == config.steps:
+            stop, save_now = requests.take()
+            if stop or save_now or done % config.save_every == 0 or done == config.steps:
                 if main:
                     save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
                 distributed.wait()
+            if stop:
+                raise interrupt.stopped(f"step {done} of {config.steps} is saved in {out / 'checkpoint'}")
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:+.2f}  "
                                                   f"success {metrics['rollout/success']:.0%}"
                                                   + ("" if kept_ids else "  no group with spread: no update"))
-    logger.close()
     return history
 
 

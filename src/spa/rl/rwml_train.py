@@ -32,6 +32,7 @@ minibatch order of a step depend only on (seed, step).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from spa import distributed
+from spa import distributed, interrupt
 from spa import precision as precision_
 from spa.eval.metrics import aligned_cells, exact_match, grid_cells
 from spa.io import TRAINER_STATE, write_json, write_jsonl
@@ -363,7 +364,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     history = []
     if evaluate_fn is not None and start == 0:
         logger.log(0, _eval_entries(evaluate_fn(policy, 0)))
-    with Bar(disable=not progress) as bar:
+    with contextlib.closing(logger), Bar(disable=not progress) as bar, interrupt.graceful() as requests:
         task = bar.add_task("rwml", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
             began = time.perf_counter()
@@ -403,12 +404,14 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
                 metrics.update(_eval_entries(evaluate_fn(policy, done)))
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
-            if done % config.save_every == 0 or done == config.steps:
+            stop, save_now = requests.take()
+            if stop or save_now or done % config.save_every == 0 or done == config.steps:
                 # spa.rl.ppo's layout, so resume_point finds it; the data fingerprint guards resume
                 save_checkpoint(out, done, policy, tokenizer, None, optimizer, None, extra={"data": data})
+            if stop:
+                raise interrupt.stopped(f"step {done} of {config.steps} is saved in {out / 'checkpoint'}")
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:.2f}  "
                                                   f"exact {metrics['rollout/exact']:.0%}")
-    logger.close()
     return history
 
 

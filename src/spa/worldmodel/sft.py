@@ -10,7 +10,9 @@ an atomic Hugging Face checkpoint. Every ``RESUME_EVERY_SECONDS`` inside an epoc
 weights, optimizer state and position in the epoch go to ``resume/`` as well (an epoch of
 expert-iteration SFT takes 25-45 minutes on 2 CPU cores), so an interrupted run
 continues from there, or after the last complete epoch, with the optimizer, scheduler
-and data order it had.
+and data order it had. Ctrl-C or SIGTERM writes that resume point at the end of the
+current step before stopping, and SIGUSR1 writes one without stopping
+(:mod:`spa.interrupt`).
 
 Under ``accelerate launch`` (see :mod:`spa.distributed`) every process builds the same
 batch list (it depends only on (seed, epoch)) and takes its share of each optimizer
@@ -38,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from spa import distributed
+from spa import distributed, interrupt
 from spa import precision as precision_
 from spa.eval.metrics import exact_match
 from spa.io import TRAINER_STATE, atomic_dir, write_json
@@ -319,7 +321,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     if config.grad_accum % processes:
         warnings.warn(f"grad_accum={config.grad_accum} is not a multiple of the {processes} processes: "
                       "some of them idle during each step", stacklevel=2)
-    with Bar(disable=not progress or not distributed.is_main()) as bar:
+    with Bar(disable=not progress or not distributed.is_main()) as bar, interrupt.graceful() as requests:
         for epoch in range(start_epoch, config.epochs):
             # The order depends only on (seed, epoch): a resumed run sees what it would
             # have, and every process sees the same list.
@@ -350,11 +352,17 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
                 bar.update(task, advance=len(step_batches),
                            info=f"loss {loss_sum / max(loss_count, 1):.3f}  {rate:.0f} tok/s")
                 done = first + len(step_batches)
-                if now - saved >= RESUME_EVERY_SECONDS and done < len(batches) and distributed.is_main():
+                stop, save_now = requests.take()
+                due = now - saved >= RESUME_EVERY_SECONDS and done < len(batches)
+                if (stop or save_now or due) and distributed.is_main():
                     save_checkpoint(out, epoch, model, tokenizer, optimizer, scheduler, history, position={
                         "batches": done, "tokens": tokens, "loss_sum": loss_sum, "loss_count": loss_count,
                         "seconds": before + now - start, "rng": torch.get_rng_state()})
                     saved = time.perf_counter()
+                if stop:
+                    distributed.wait()
+                    raise interrupt.stopped(f"epoch {epoch + 1} of {config.epochs} at batch {done} of "
+                                            f"{len(batches)} is saved in {out / MID_EPOCH}")
             seconds = before + time.perf_counter() - start
             loss_sum, loss_count, tokens = distributed.total(loss_sum, loss_count, tokens)
             record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
