@@ -49,3 +49,18 @@ def test_outside_the_main_thread_the_signals_are_left_alone():
     thread.start()
     thread.join()
     assert seen == [(before, (False, False))]
+
+
+def test_the_command_line_ignores_a_save_request_outside_training():
+    from typer.testing import CliRunner
+
+    from spa.cli import app
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        result = CliRunner().invoke(app, ["envs"])
+        assert result.exit_code == 0, result.output
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the test process by default
+    finally:
+        signal.signal(signal.SIGUSR1, before)

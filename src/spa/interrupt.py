@@ -8,7 +8,9 @@ the last one away. Inside :func:`graceful` the loop is told instead:
   point and raises :class:`Interrupted`; the same command then continues from there. A
   second SIGINT or SIGTERM interrupts at once, for a user who will not wait for the step.
 - SIGUSR1: the loop writes a resume point after its step and goes on, for a machine about
-  to be taken away (``kill -USR1 PID`` a minute before).
+  to be taken away (``kill -USR1 PID`` a minute before). Outside a training loop the
+  command line ignores it (:func:`ignore_save_requests`), so a request sent while a run
+  plays or evaluates, which resume from their last turn anyway, does not end it.
 
 Handlers can only be set from the main thread; elsewhere :func:`graceful` leaves the
 signals as they are and no request ever arrives.
@@ -53,6 +55,13 @@ class Requests:
         stop, save = distributed.total(float(self.stop), float(self.save))
         self.save = False
         return stop > 0, save > 0
+
+
+def ignore_save_requests() -> None:
+    """Ignore SIGUSR1 from now on except inside :func:`graceful` (by default it ends the
+    process)."""
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 @contextmanager

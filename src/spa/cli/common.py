@@ -8,7 +8,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from spa import envs
+from spa import envs, interrupt
 
 
 def example(command: str) -> str:
@@ -29,6 +29,13 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 console = Console()
+
+
+@app.callback()
+def _every_command() -> None:
+    # A `kill -USR1` asks a training loop for a resume point; anywhere else it would end
+    # the process.
+    interrupt.ignore_save_requests()
 
 EnvNameOption = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}.")
 SetOption = typer.Option(None, "--set", help="Any field of the stage's config as key=value, e.g. --set lr=1e-5.")
