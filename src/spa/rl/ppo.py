@@ -21,8 +21,9 @@ and, off by default (on in the learn preset), every episode weighing alike in th
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step (Ctrl-C or SIGTERM saves the current step's end before stopping,
-SIGUSR1 without stopping: :mod:`spa.interrupt`); the seeds, sampling and minibatch order of a step depend only
-on (seed, step), so a resumed run repeats what the uninterrupted run would have done.
+SIGUSR1 without stopping: :mod:`spa.interrupt`); the seeds, sampling and minibatch order
+of a step depend only on (seed, step), so a resumed run repeats what the uninterrupted
+run would have done.
 
 Under ``accelerate launch`` (see :mod:`spa.distributed`) each process plays its share of
 the step's seeds (group ids stay global, so a group lives on one process); the group
