@@ -37,6 +37,16 @@ def test_a_block_without_a_signal_leaves_quietly():
     assert handlers() == before
 
 
+def test_a_stop_asked_of_another_process_after_the_last_step_stops_this_one(monkeypatch):
+    from spa import distributed
+
+    # Another process got the signal after the loop's last step: the sum says so.
+    monkeypatch.setattr(distributed, "total", lambda stop, save: (stop + 1.0, save))
+    with pytest.raises(Interrupted, match="had finished and is saved"):
+        with graceful():
+            pass
+
+
 def test_outside_the_main_thread_the_signals_are_left_alone():
     seen = []
 

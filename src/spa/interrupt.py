@@ -90,5 +90,7 @@ def graceful() -> Iterator[Requests]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if requests.stop:  # asked for after the loop's last step: its work is saved, stop now
+    # Asked for after the loop's last step (here or in another process: every process leaves
+    # the loop here, so all can agree): its work is saved, stop now.
+    if requests.take()[0]:
         raise stopped("the stage had finished and is saved")
