@@ -20,7 +20,7 @@ from spa.eval.metrics import bootstrap_interval
 from spa.models import load_model
 from spa.pipeline import replicates
 from spa.pipeline import report as report_module
-from spa.pipeline.layout import eval_dir
+from spa.pipeline.layout import archive, eval_dir
 from spa.pipeline.recipe import CONFIGS, load_recipe
 from spa.pipeline.run import Run
 from spa.rl import logger as logger_module
@@ -643,6 +643,22 @@ def test_an_archived_run_is_small_and_compares_like_the_run(finished, tmp_path):
     assert rl_gain(run) in table and rl_gain(run) != "+0.0 [+0.0, +0.0]"
     bad = CliRunner().invoke(app, ["archive", str(tmp_path), "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "is not a run folder (no stages.json)" in bad.output
+
+
+def test_archiving_again_replaces_the_archive_whole(finished, tmp_path):
+    """A run archived while in progress, then restarted from scratch under its name: the new
+    run's archive must not keep the first run's later evaluations beside its own."""
+    run = tmp_path / "runs" / "again"
+    shutil.copytree(finished, run)
+    archive(run, tmp_path / "results")
+    final = tmp_path / "results" / "again" / "eval" / "final-world_model" / "metrics.json"
+    assert final.is_file()
+    shutil.rmtree(run / "eval" / "final-world_model")
+    (run / "report.md").unlink()
+    dest = archive(run, tmp_path / "results")
+    assert dest == tmp_path / "results" / "again" and (dest / "stages.json").is_file()
+    assert not final.exists() and not (dest / "report.md").exists()
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["again"]  # no staging folder left
 
 
 def test_a_run_imports_every_stage_at_start():

@@ -46,13 +46,37 @@ def write_levels(evaluation: str | Path) -> Path:
 
 def archive(run: str | Path, out: str | Path) -> Path:
     """Copy the results of the run folder ``run`` into ``out/NAME`` (NAME: the run's folder
-    name) and return that folder; what is there already is replaced file by file."""
+    name) and return that folder.
+
+    An archive already there is replaced whole, not file by file: a run still in progress
+    may be archived (so that its finished evaluations outlive the machine) and later be
+    restarted from scratch under the same name, and none of the earlier run's evaluations
+    may then stand beside the new run's. The copy is written beside the old one and swapped
+    in, so an interrupt leaves the old copy or the new one (at worst as ``.NAME.old``)."""
     run = Path(run)
     if not (run / "stages.json").is_file():
         raise FileNotFoundError(f"{run} is not a run folder (no stages.json)")
     if Path(out).resolve() == run.parent.resolve():
         raise ValueError(f"the archive folder {out} is the run's own parent folder: choose another")
     dest = Path(out) / run.name
+    staging = dest.with_name(f".{run.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    _copy_results(run, staging)
+    if dest.exists():
+        retired = dest.with_name(f".{run.name}.old")
+        shutil.rmtree(retired, ignore_errors=True)
+        dest.rename(retired)
+        staging.rename(dest)
+        shutil.rmtree(retired)
+    else:
+        staging.rename(dest)
+    return dest
+
+
+def _copy_results(run: Path, dest: Path) -> None:
+    """The result files and every evaluation's metrics and ``levels.json`` of ``run``, into
+    ``dest`` (created)."""
+    dest.mkdir(parents=True)
     for name in RESULT_FILES:
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -66,4 +90,3 @@ def archive(run: str | Path, out: str | Path) -> Path:
         for name in ("metrics.json", LEVELS):
             if (folder / name).is_file():
                 shutil.copy2(folder / name, target / name)
-    return dest
