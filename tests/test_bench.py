@@ -84,3 +84,13 @@ def test_rl_step_bench_times_both_paths_from_a_cached_bootstrap(tmp_path, monkey
     again = bench_json(small + ["--only", "spa"])
     assert again["start"]["cached"] and again["start"]["path"] == result["start"]["path"]
     assert set(again["configs"]) == {"spa"} and again["speedup"] is None
+
+
+def test_matmul_bench_times_each_precision_and_names_the_auto_choice():
+    from spa import precision
+
+    result = bench_json([sys.executable, str(BENCH.with_name("matmul.py")), "--size", "64", "--seconds", "0.05"])
+    assert result["auto"] == precision.resolve("auto", "cpu").name
+    assert result["cpu_native_bf16"] == precision.cpu_has_native_bf16()
+    assert set(result["gflops"]) == {"fp32", "bf16", "fp16"} and min(result["gflops"].values()) > 0
+    assert result["ratio_to_fp32"]["fp32"] == 1.0
