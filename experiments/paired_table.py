@@ -3,14 +3,15 @@
 Each line of the list names two evaluations that played the same levels, the later one
 first, ``AFTER BEFORE``; a side is ``RUN:ROUND`` (round ``ROUND`` of an expert-iteration
 run, found by name under the ``--runs`` folders in order, so that a run reads the same
-whether it is still running in ``runs/`` or archived in ``results/runs``), ``random``
+whether it is still running in ``runs/`` or archived in ``results/runs``; name ``runs``
+first, as a run in flight may also have an older archive), ``random``
 (the ``--random`` evaluation, e.g. ``spa eval --policy random``) or an evaluation folder.
 Blank lines and ``#`` comments are skipped. Every row is Pass@1 after minus before, in
 points, with its 95% interval over levels, the levels that rose and fell, and the same
 for Pass@k with k the samples of a level:
 
     python experiments/paired_table.py experiments/sokoban-pairs.txt \\
-        --runs results/runs --runs runs --random /tmp/sok-random --strip sokoban- --strip=-iterate
+        --runs runs --runs results/runs --random /tmp/sok-random --strip sokoban- --strip=-iterate
 
 A line whose evaluations are not there yet is listed under the table, not dropped silently.
 """

@@ -13,7 +13,8 @@ compared with each other), with t intervals:
 
     python experiments/seed_spread.py results/runs/frozenlake-*-iterate-*
 
-A folder that is an ``spa iterate`` output (``round-N/eval`` at its top) is read too.
+A folder that is an ``spa iterate`` output (``round-N/eval`` at its top) is read too. A
+run given twice by name (live in ``runs/`` and archived in ``results/runs``) counts once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def rounds_of(run: Path) -> list[dict]:
     while (path := base / f"round-{len(found)}" / "eval" / "metrics.json").is_file():
         found.append(json.loads(path.read_text(encoding="utf-8")))
     return found
+
+
+def distinct(runs: list[Path]) -> list[Path]:
+    """The runs with each name once, in first-seen order: a run still going in ``runs/``
+    and its archive in ``results/runs`` are one run, read from the copy with more rounds."""
+    chosen: dict[str, Path] = {}
+    for run in runs:
+        if run.name not in chosen or len(rounds_of(run)) > len(rounds_of(chosen[run.name])):
+            chosen[run.name] = run
+    return list(chosen.values())
 
 
 def measures(metrics: dict) -> dict:
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--round", type=int, default=3, help="The round whose Pass@1 is the end.")
     args = parser.parse_args(argv)
     table, start, end, recipes, seeds = [], {m: [] for m in START_MEASURES}, [], [], []
-    for run in args.runs:
+    for run in distinct(args.runs):
         rounds = rounds_of(run)
         if len(rounds) <= args.round:
             print(f"{run}: {len(rounds) - 1} rounds, fewer than {args.round}: left out")

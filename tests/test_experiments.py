@@ -97,6 +97,18 @@ def test_seed_spread_leaves_out_runs_short_of_the_round(spread, tmp_path, capsys
     assert "a-s9: 0 rounds, fewer than 1: left out" in capsys.readouterr().out
 
 
+def test_seed_spread_counts_a_live_run_and_its_archive_once(spread, tmp_path):
+    # the archive (results/runs) stopped a round before the live run (runs/): one run, read
+    # from the live copy, whichever order the two are given in
+    runs = [write_rounds(tmp_path / "results" / f"a-s{i}", [(0.2, 1.0 + i), (0.1 * i, 1.0)]) for i in range(3)]
+    archived = write_rounds(tmp_path / "results" / "a-s3", [(0.2, 4.0)])
+    live = write_rounds(tmp_path / "runs" / "a-s3", [(0.2, 4.0), (0.9, 1.0)])
+    for order in ([*runs, archived, live], [live, *runs, archived]):
+        assert sorted(spread.distinct(order)) == sorted([*runs, live])
+        result = spread.main([str(r) for r in order] + ["--round", "1"])
+        assert result["correlation_with_start"]["actions_per_turn"]["runs"] == 4
+
+
 def episode(seed: int, sample: int, success: bool, turns: list[tuple[int, bool]]) -> dict:
     """``turns``: (actions played, first action best) per well-formed turn."""
     return {"env": "sokoban", "seed": seed, "sample": sample, "success": success,
