@@ -45,9 +45,15 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
         # the processes agree exactly: the same summed gradients, the same steps
         assert torch.equal(first[weights], second[weights]), stage
         assert first[norms] == second[norms], stage
-        # and they trained what one process trains (fp32 summation order aside)
+        # and they trained what one process trains (fp32 summation order aside). Adam divides
+        # each gradient by its own running scale, so a weight whose gradient is about 0 can
+        # take a step of up to the learning rate (1e-3 here) from summation noise alone: seen
+        # for 1 weight of 3.2 million (9e-5 off) on an Intel Xeon with AMX. So all but a few
+        # millionths of the weights must match closely, and every weight within one step.
         assert first[weights].shape == single[weights].shape
-        torch.testing.assert_close(first[weights], single[weights], atol=2e-5, rtol=1e-4, msg=stage)
+        off = ~torch.isclose(first[weights], single[weights], atol=2e-5, rtol=1e-4)
+        assert off.sum().item() <= 1e-5 * off.numel(), (stage, off.sum().item())
+        torch.testing.assert_close(first[weights], single[weights], atol=1e-3, rtol=0, msg=stage)
         assert first[norms] == pytest.approx(single[norms], rel=1e-4), stage
         assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
         # the reference trained: the comparison is not between untouched models
