@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from spa.eval.paired import LEVELS, read_levels
-from spa.io import write_json
+from spa.io import atomic_dir, write_json
 
 #: The evaluation stages of the model RL starts from, in the order ``Run.start_model``
 #: prefers them: after world-model SFT (spa), after RWML (rwml+ppo), or after the format
@@ -52,31 +52,21 @@ def archive(run: str | Path, out: str | Path) -> Path:
     may be archived (so that its finished evaluations outlive the machine) and later be
     restarted from scratch under the same name, and none of the earlier run's evaluations
     may then stand beside the new run's. The copy is written beside the old one and swapped
-    in, so an interrupt leaves the old copy or the new one (at worst as ``.NAME.old``)."""
+    in (:func:`spa.io.atomic_dir`), so an interrupt leaves the old copy or the new one."""
     run = Path(run)
     if not (run / "stages.json").is_file():
         raise FileNotFoundError(f"{run} is not a run folder (no stages.json)")
     if Path(out).resolve() == run.parent.resolve():
         raise ValueError(f"the archive folder {out} is the run's own parent folder: choose another")
     dest = Path(out) / run.name
-    staging = dest.with_name(f".{run.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    _copy_results(run, staging)
-    if dest.exists():
-        retired = dest.with_name(f".{run.name}.old")
-        shutil.rmtree(retired, ignore_errors=True)
-        dest.rename(retired)
-        staging.rename(dest)
-        shutil.rmtree(retired)
-    else:
-        staging.rename(dest)
+    with atomic_dir(dest) as staging:
+        _copy_results(run, staging)
     return dest
 
 
 def _copy_results(run: Path, dest: Path) -> None:
     """The result files and every evaluation's metrics and ``levels.json`` of ``run``, into
-    ``dest`` (created)."""
-    dest.mkdir(parents=True)
+    the existing folder ``dest``."""
     for name in RESULT_FILES:
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
