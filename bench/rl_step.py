@@ -83,7 +83,7 @@ from spa.rl.ppo import ALGORITHMS, PPOConfig
 #: Part of the bootstrap cache key: bump it when the bootstrap recipe below changes.
 BOOTSTRAP_VERSION = "rl_step-bootstrap-v1"
 
-#: The earlier default RL path (its README numbers: about 350 episodes per hour).
+#: The earlier default RL path (its numbers in docs/rl.md: about 350 episodes per hour).
 BASELINE = {"algorithm": "ppo", "mode": "world_model", "max_new_tokens": 200, "state_tokens_in_loss": True,
             "drop_flat_groups": False, "whiten_advantages": False}
 

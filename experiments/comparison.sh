@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comparison of README "The comparison": every method from a format bootstrap in its
+# The comparison of docs/comparison.md: every method from a format bootstrap in its
 # own prompt, the same RL stage (expert iteration with the solver's per-turn label, three
 # rounds), learn preset, 128 x 8 evaluation, seeds 0-2.
 #

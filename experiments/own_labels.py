@@ -1,6 +1,6 @@
 """Correct moves from the model's own samples against an oracle's, as SFT data.
 
-README, "Correct moves from the model's own samples". The model plays random 3x3 lakes
+docs/making-rl-learn.md, "Correct moves from the model's own samples". The model plays random 3x3 lakes
 that do not slip (the ``state`` prompt, 4 turns of 1 move, the behaviour-cloning lakes);
 every turn whose first move begins a shortest path (``Turn.best_first``) becomes an SFT
 example with the model's own response. ``--single`` keeps only one-move answers;

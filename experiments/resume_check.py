@@ -5,7 +5,7 @@ Random weights in a small Llama with the default model's tokenizer (or ``--token
 a folder holding only tokenizer files, as on a machine without the default model), on the
 GPU where there is one. On a CPU both resumes match exactly; on a GPU the evaluation does,
 and SFT differs from an uninterrupted run by as much as two uninterrupted runs differ from
-each other (README, "One GPU")::
+each other (docs/distributed.md, "One GPU")::
 
     python experiments/resume_check.py runs/resume-check [--tokenizer DIR]
 """

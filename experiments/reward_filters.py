@@ -1,6 +1,6 @@
 """How much the task's reward alone can tell good moves from bad: filters scored by a solver.
 
-README, "Expert iteration on the task's reward". Expert iteration keeps some turns of the
+docs/expert-iteration.md, "Expert iteration on the task's reward". Expert iteration keeps some turns of the
 policy's own play and fine-tunes on them. With the solver's per-turn label (``--keep best``)
 every kept turn begins a shortest solution and the curve rises; with the episode's
 outcome (``--keep winners``) it stayed flat. This script asks whether any filter built

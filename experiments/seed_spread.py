@@ -1,7 +1,7 @@
 """What a run's start says about its end: the start's answer length against the final Pass@1.
 
 Runs of one recipe that differ only in their seed end 20-30 points apart after three
-rounds of expert iteration (README, "The comparison"). This script reads the evaluations
+rounds of expert iteration (docs/comparison.md, "The comparison"). This script reads the evaluations
 that ``spa archive`` keeps (``rl/round-N/eval/metrics.json``) and sets, for every run, the
 start's actions per well-formed turn, Pass@1 and best-first rate beside the Pass@1 of
 every round, then correlates each start measure with the final Pass@1 across the runs

@@ -202,7 +202,7 @@ class _Linear:
 
     oneDNN's linear on a weight reordered once into its blocked layout beats ``F.linear``
     at decode shapes: in bf16 on CPUs with AVX-512 BF16 by 15-35% (64 x 576 x 49152: 10 ms
-    instead of 14), and in fp32 on AVX-512 and AVX2 CPUs alike (README, "Generation
+    instead of 14), and in fp32 on AVX-512 and AVX2 CPUs alike (docs/agents.md, "Generation
     engine"). The packed copy is made per ``generate()`` call, like the fused weights.
     Anything else (fp16, bf16 without native support, GPU, no oneDNN) uses ``F.linear``.
     """

@@ -27,7 +27,7 @@ iteration (:mod:`spa.rl.expert_iteration`), rounds in which the policy plays fre
 training levels, the turns that pass the ``iterate.keep`` filter become SFT data and one
 SFT epoch gives the next round's policy, each round evaluated like the final model. On
 slippery 4x4 lakes it is the one RL stage measured to raise Pass@1 past random play, with
-``keep: best``, a solver's per-turn label (README, "Expert iteration").
+``keep: best``, a solver's per-turn label (docs/expert-iteration.md, "Expert iteration").
 
 Seeds: the recipe's ``seed`` is the seed of every stage that does not set its own.
 ``selfplay.seed`` (self-play and format-bootstrap data), ``sft.seed`` (the bootstrap's and

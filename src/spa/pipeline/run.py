@@ -260,8 +260,9 @@ class Run:
 
     def _bridge(self) -> dict:
         # Without it the SFT'd model meets the RL prompt for the first time at RL: SmolLM2-135M
-        # then answers a third of its turns with the format example's actions (README, "The
-        # learn preset on FrozenLake"). No held-out split: the targets are random actions.
+        # then answers a third of its turns with the format example's actions
+        # (docs/making-rl-learn.md, "The learn preset on FrozenLake"). No held-out split: the
+        # targets are random actions.
         s = self.recipe.selfplay
         data = self._selfplay_data(None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
                                    mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions)

@@ -229,8 +229,8 @@ def weigh_negatives(advantages: Tensor, weight: float) -> Tensor:
     moves its probability to the answers the model already favours (the softmax gives
     the freed mass in proportion to the current probabilities), which could squeeze a
     model that cannot yet tell the states apart onto one likely answer. Measured on a
-    one-move FrozenLake task, weight 0 did not stop that drift (README, "RL on a one-move
-    task"), so the default stays 1.
+    one-move FrozenLake task, weight 0 did not stop that drift (docs/making-rl-learn.md,
+    "RL on a one-move task"), so the default stays 1.
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"negative weight {weight!r} must be from 0 to 1")

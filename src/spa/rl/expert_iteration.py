@@ -11,7 +11,7 @@ the actions played), and one SFT run on them gives the next round's policy:
   too noisy a filter, this one taught the policy to read the state);
 * ``keep="best_prefix"``: those turns with the answer cut to its leading best actions, so
   that no unlabelled move rides along (on 3x3 lakes such moves cost most of what own
-  correct moves taught; README, "Correct moves from the model's own samples").
+  correct moves taught; docs/making-rl-learn.md, "Correct moves from the model's own samples").
 * ``keep="value"``: the turns whose first action has the highest Monte-Carlo value at its
   state, the task's reward under random continuation on copies of the environment
   (``spa.rl.values``): a per-turn label from the reward alone, where a solver is not needed;
@@ -22,7 +22,7 @@ the actions played), and one SFT run on them gives the next round's policy:
 
 Why it is here beside PPO: on these CPU budgets PPO's few small updates per step did not
 move the policy, while on the same samples about a hundred SFT steps at 1e-4 on the kept
-turns did (README, "Expert iteration"). Filtering on success is the binary-reward limit
+turns did (docs/expert-iteration.md, "Expert iteration"). Filtering on success is the binary-reward limit
 of a policy gradient with a baseline of zero: only winners are pushed up, nothing is
 pushed down.
 

@@ -140,7 +140,8 @@ class PPOConfig:
         "Subtract this from a turn's reward when its answer names more actions than a turn may "
         "play (prompt.max_actions): the extra ones are never played, yet their tokens carry the "
         "turn's advantage. SFT on the model's own correct moves taught more without such answers "
-        "(README, \"Correct moves from the model's own samples\"). Not a method of the paper; 0: off.")})
+        "(docs/making-rl-learn.md, \"Correct moves from the model's own samples\"). Not a method "
+        "of the paper; 0: off.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
     eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never

@@ -35,7 +35,7 @@ match the true state exactly (``spa.rl.rewards.state_match`` below 1; the exampl
 ``masked_states``): VAGEN's reward for grounded states as a loss mask beside the solver's
 label for the move, with no ground-truth text ever shown to the policy. A filter on right
 states instead would keep almost nothing: a format bootstrap's predictions are exact in
-about 1% of turns (README, "World-model baselines").
+about 1% of turns (docs/baselines.md, "World-model baselines").
 """
 
 from __future__ import annotations
