@@ -13,6 +13,9 @@ compared with each other), with t intervals:
 
     python experiments/seed_spread.py results/runs/frozenlake-*-iterate-*
 
+``--length-round 1`` takes the actions a turn after round 1 as the covariate instead of
+the start's: for a recipe whose first round changes the answers' length.
+
 A folder that is an ``spa iterate`` output (``round-N/eval`` at its top) is read too. A
 run given twice by name (live in ``runs/`` and archived in ``results/runs``) counts once.
 """
@@ -150,7 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="Archived runs or spa iterate folders.")
     parser.add_argument("--round", type=int, default=3, help="The round whose Pass@1 is the end.")
+    parser.add_argument("--length-round", type=int, default=0,
+                        help="The round whose actions a turn is the covariate of the equal-length "
+                             "estimate (0: the start). A later round holds equal what a run's "
+                             "answers became, where a recipe may change their length.")
     args = parser.parse_args(argv)
+    if not 0 <= args.length_round <= args.round:
+        raise SystemExit(f"--length-round {args.length_round}: must lie in 0..{args.round} (--round)")
+    lengths = []
     table, start, end, recipes, seeds = [], {m: [] for m in START_MEASURES}, [], [], []
     for run in distinct(args.runs):
         rounds = rounds_of(run)
@@ -161,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name in START_MEASURES:
             start[name].append(first[name])
         end.append(rounds[args.round]["pass_at_k"]["pass@1"])
+        lengths.append(measures(rounds[args.length_round])["actions_per_turn"])
         recipes.append(recipe_of(run))
         seeds.append(seed_of(run))
         curve = "  ".join(f"{100 * m['pass_at_k']['pass@1']:.1f}/{measures(m)['actions_per_turn']:.2f}"
@@ -175,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"end": f"round-{args.round} pass@1",
               "correlation_with_start": {name: correlation(values, end) for name, values in start.items()},
               "difference": differences(recipes, end),
-              "difference_at_equal_actions_per_turn": differences(recipes, end, start["actions_per_turn"]),
+              "length_round": args.length_round,
+              "difference_at_equal_actions_per_turn": differences(recipes, end, lengths),
               "difference_within_seeds": differences(recipes, end, blocks=seeds)}
     print(json.dumps(result, indent=1))
     return result

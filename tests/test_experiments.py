@@ -68,6 +68,23 @@ def test_seed_spread_recovers_method_differences_at_equal_answer_length(spread, 
     assert "| a-s0 | 1.00 |" in capsys.readouterr().out
 
 
+def test_seed_spread_holds_a_later_rounds_length_equal(spread, tmp_path):
+    # every run starts at 1 action a turn; round 1 sets the length that the end follows
+    # (end = 100 - 30 x round-1 length + 10 for b): only --length-round 1 recovers b's lead
+    after = {"a": [1.0, 1.5, 2.0], "b": [1.6, 2.0, 2.2]}
+    def curve(m: str, i: int, x: float) -> list[tuple[float, float]]:
+        return [(0.2, 1.0 + 0.01 * i), (0.3, x), ((100 - 30 * x + 10 * (m == "b")) / 100, x)]
+
+    runs = [write_rounds(tmp_path / f"{m}-s{i}", curve(m, i, x)) for m, xs in after.items() for i, x in enumerate(xs)]
+    later = spread.main([str(r) for r in runs] + ["--round", "2", "--length-round", "1"])
+    assert later["length_round"] == 1
+    assert later["difference_at_equal_actions_per_turn"]["b - a"]["points"] == pytest.approx(10.0)
+    start = spread.main([str(r) for r in runs] + ["--round", "2"])["difference_at_equal_actions_per_turn"]
+    assert start["b - a"]["points"] != pytest.approx(10.0, abs=1.0)
+    with pytest.raises(SystemExit, match="--length-round 3: must lie in 0..2"):
+        spread.main([str(r) for r in runs] + ["--round", "2", "--length-round", "3"])
+
+
 def test_seed_spread_compares_recipes_within_seeds(spread, tmp_path):
     # end = seed's level + 5 (method b) + a small interaction; the seeds' levels (30, 50,
     # 70) swamp the plain difference's interval, the blocked one keeps b's lead; seed 9,
