@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if not 0 <= args.length_round <= args.round:
         raise SystemExit(f"--length-round {args.length_round}: must lie in 0..{args.round} (--round)")
-    lengths = []
-    table, start, end, recipes, seeds = [], {m: [] for m in START_MEASURES}, [], [], []
+    table, start, end, lengths, recipes, seeds = [], {m: [] for m in START_MEASURES}, [], [], [], []
     for run in distinct(args.runs):
         rounds = rounds_of(run)
         if len(rounds) <= args.round:

@@ -72,6 +72,7 @@ def test_seed_spread_holds_a_later_rounds_length_equal(spread, tmp_path):
     # every run starts at 1 action a turn; round 1 sets the length that the end follows
     # (end = 100 - 30 x round-1 length + 10 for b): only --length-round 1 recovers b's lead
     after = {"a": [1.0, 1.5, 2.0], "b": [1.6, 2.0, 2.2]}
+
     def curve(m: str, i: int, x: float) -> list[tuple[float, float]]:
         return [(0.2, 1.0 + 0.01 * i), (0.3, x), ((100 - 30 * x + 10 * (m == "b")) / 100, x)]
 
