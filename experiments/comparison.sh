@@ -16,7 +16,8 @@
 #   sudoku                  vanilla and SPA on Sudoku 4x4, seeds 0-2;
 #   frozenlake-transfer     vanilla and SPA trained on 4x4 lakes, RL and evaluation on 6x6,
 #                           seeds 0-2.
-# Groups run one after the other, in the order given.
+# Groups run in the order given; a lane that finds no unclaimed cell left in a group goes
+# on to the next group while the other finishes its cell.
 #
 # Two lanes run side by side, one core each (bench/sharing.py: 1.37x the throughput of one
 # run on both cores for evaluation, 1.07x for SFT, Zen 4), each taking the group's next
@@ -86,21 +87,22 @@ cells() {  # cells GROUP: one line per cell, "PREFIX METHOD SEED [VARIANT key=va
   esac
 }
 
-lane() {  # lane GROUP: run the group's cells in order, each one a lane claims first
-  local line
-  cells "$1" | while read -r line; do
-    # shellcheck disable=SC2086  # a cell's words are its arguments
-    mkdir "runs/.claimed/$(name_of $line)" 2>/dev/null && cell $line < /dev/null  # stdin: the cell list
+lane() {  # lane N GROUP ...: the groups' cells in order, each one no other lane claimed first
+  local n=$1 group line
+  shift
+  for group in "$@"; do  # into the next group at once: no lane waits for another at a group's end
+    cells "$group" | while read -r line; do
+      # shellcheck disable=SC2086  # a cell's words are its arguments
+      mkdir "runs/.claimed/$(name_of $line)" 2>/dev/null && cell $line < /dev/null  # stdin: the cell list
+    done > "runs/comparison-$group-lane$n.log" 2>&1
   done
 }
 
 rm -rf runs/.claimed  # claims of an interrupted earlier invocation
-for group in "${groups[@]}"; do
-  mkdir -p runs/.claimed
-  for n in $(seq "$LANES"); do
-    (export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads; lane "$group") > "runs/comparison-$group-lane$n.log" 2>&1 &
-  done
-  wait
+mkdir -p runs/.claimed
+for n in $(seq "$LANES"); do
+  (export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads; lane "$n" "${groups[@]}") &
 done
+wait
 rm -rf runs/.claimed
 "$SPA" compare results/runs/* --out results/comparison

@@ -224,7 +224,8 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
                      env: dict | None = None) -> tuple[list[list[str]], list[str]]:
     """The spa commands experiments/comparison.sh issues, recorded by a stand-in for spa, in a
     copy of the script's folder layout (``archived``: runs archived as finished before), and
-    the run folders left in ``runs/``. Each run's OMP_NUM_THREADS goes to ``calls.threads``."""
+    the run folders left in ``runs/``. Each run's OMP_NUM_THREADS goes to ``calls.threads``; the
+    run named in ``env["SLOW"]`` takes a second."""
     env = env or {}
     root = tmp_path / "project"
     (root / "experiments").mkdir(parents=True)
@@ -235,7 +236,7 @@ def comparison_calls(tmp_path: Path, *groups: str, archived: tuple[str, ...] = (
     fake = tmp_path / "spa"  # a run writes its folder, as spa run does
     fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
                     'if [ "$1" = run ]; then mkdir -p "runs/${@: -1}"; echo "$OMP_NUM_THREADS" >> "$CALLS.threads"; '
-                    'sleep 0.02; fi\n')
+                    'sleep 0.02; if [ "${@: -1}" = "${SLOW:-}" ]; then sleep 1; fi; fi\n')
     fake.chmod(0o755)
     result = subprocess.run(["bash", str(root / "experiments" / "comparison.sh"), *groups], capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls"),
@@ -268,6 +269,15 @@ def test_two_lanes_run_every_cell_of_every_group_once_from_its_recipe(tmp_path):
         assert c[2] == f"seed={c[c.index('--name') + 1][-1]}"
     logs = sorted(p.name for p in (tmp_path / "project" / "runs").glob("comparison-sudoku-lane*.log"))
     assert logs == ["comparison-sudoku-lane1.log", "comparison-sudoku-lane2.log"]
+
+
+def test_a_lane_goes_on_to_the_next_group_while_the_other_finishes_its_cell(tmp_path):
+    calls, _ = comparison_calls(tmp_path, "sudoku", "frozenlake-transfer", env={"SLOW": "sudoku-spa-iterate-s0"})
+    slow_done = calls.index(["archive", "runs/sudoku-spa-iterate-s0", "--out", "results/runs"])
+    transfer = [i for i, c in enumerate(calls) if c[0] == "run" and c[1].startswith("configs/frozenlake-transfer")]
+    assert len(transfer) == 6 and transfer[-1] < slow_done  # the other lane ran the whole next group meanwhile
+    logs = sorted(p.name for p in (tmp_path / "project" / "runs").glob("comparison-*-lane*.log"))
+    assert logs == [f"comparison-{g}-lane{n}.log" for g in ("frozenlake-transfer", "sudoku") for n in (1, 2)]
 
 
 def test_the_comparison_skips_archived_cells_and_names_its_variants(tmp_path):
