@@ -10,7 +10,8 @@ from spa.eval.paired import signed_pct_with_interval
 from spa.pipeline.layout import eval_dir
 from spa.rl.expert_iteration import LABEL
 from spa.worldmodel.selfplay import KEEP
-from spa.pipeline.replicates import SEED_KEYS, difference_table, group_runs, recipe_key, seeds_of, spread_table
+from spa.pipeline.replicates import (SEED_KEYS, difference_table, group_runs, group_table, recipe_key, seeds_of,
+                                     spread_table, variants)
 
 RECIPE = """method: spa
 seed: {seed}
@@ -160,3 +161,15 @@ def test_a_key_added_after_a_run_was_saved_does_not_split_its_group():
     new = {**run("new", seed=1), "config": run("new", seed=1)["config"] + settings}
     other = {**run("other", seed=2), "config": run("other", seed=2)["config"] + "iterate: {value_horizon: 3}\n"}
     assert [[r["name"] for r in g] for g in group_runs([old, new, other])] == [["old", "new"], ["other"]]
+
+
+def test_a_group_is_named_by_its_overrides_of_the_largest_group_of_its_method_and_env():
+    core = [run("s0"), run("s1", seed=1), run("s2", seed=2)]
+    masked = {**run("masked"), "config": run("masked")["config"].replace("epochs: 1,", "epochs: 1, mask_states: true,")}
+    two = {**run("two"), "config": run("two")["config"].replace("episodes: 4", "episodes: 8") + "rl: iterate\n"}
+    other = {**run("rwml"), "config": run("rwml")["config"].replace("method: spa", "method: rwml")}
+    groups = group_runs([{**r, "evals": {}} for r in (masked, *core, two, other)])
+    assert variants(groups) == ["sft.mask_states=true", "-", "rl=iterate, selfplay.episodes=8", "-"]
+    rows = group_table(groups, resamples=10).splitlines()
+    assert rows[0].startswith("| group | method | env | variant | mode |")
+    assert rows[2].startswith("| G1 | spa | sokoban | sft.mask_states=true | - |")

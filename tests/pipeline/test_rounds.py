@@ -36,16 +36,16 @@ def test_round_table_pools_the_seeds_of_each_round(tmp_path):
     groups = group_runs(runs)
     assert [len(found) for found in map(group_rounds, groups)] == [3, 0]
     rows = round_table(groups, resamples=400).splitlines()
-    assert rows[0].startswith("| group | method | env | seeds | round 0 | round 1 | round 2 |")
+    assert rows[0].startswith("| group | method | env | variant | seeds | round 0 | round 1 | round 2 |")
     assert len(rows) == 3  # the PPO group has no rounds
     cells = rows[2].split(" | ")
-    for r, column in ((0, 4), (1, 5)):
+    for r, column in ((0, 5), (1, 6)):
         a = [w / 2 for w in ([0, 1, 2], [1, 1, 2])[r]]
         b = [w / 2 for w in ([0, 0, 2], [2, 1, 2])[r]]
         mean, low, high = bootstrap_interval([a, b], resamples=400)
         assert low < mean < high and cells[column] == pct_with_interval(mean, (low, high))
-    assert cells[6] == "100.0 [90.0, 110.0] (n=1)"  # only run a reached round 2: its own interval
-    assert cells[7:] == ["0.0% -> 20.0%", "- |"]  # best first action at round 0 and the last; no settings recorded
+    assert cells[7] == "100.0 [90.0, 110.0] (n=1)"  # only run a reached round 2: its own interval
+    assert cells[3] == "-" and cells[8:] == ["0.0% -> 20.0%", "- |"]  # best first action at round 0 and the last; no settings recorded
     assert plot_rounds(groups, tmp_path / "rounds.png").stat().st_size > 1000
 
 
@@ -80,9 +80,11 @@ def test_the_plot_names_each_groups_label_and_draws_one_random_line_per_score(tm
     plot_rounds(group_runs(runs), tmp_path / "rounds.png")
     _, labels = figures[0].axes[0].get_legend_handles_labels()
     # Random play reads no prompt: the state prompt's levels score the same, one line for both.
+    # Each group but the first (the first of the largest) is named by its overrides of it.
     assert labels == ["G1: spa frozenlake, iterate, solver label (1 seed)",
-                      "G2: spa frozenlake, iterate, value label (1 seed)",
-                      "G3: spa frozenlake, iterate, solver label (1 seed)", "random valid actions (frozenlake)"]
+                      "G2: spa frozenlake, iterate, value label, iterate.keep=value (1 seed)",
+                      "G3: spa frozenlake, iterate, solver label, prompt.mode=state (1 seed)",
+                      "random valid actions (frozenlake)"]
 
 
 def test_a_runs_wall_time_counts_its_rounds_where_its_rl_stage_shows_less(tmp_path):

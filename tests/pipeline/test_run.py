@@ -282,10 +282,11 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
     runs = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
             if line.startswith(("| straight", "| seed1", "| other"))}
     pair, alone = (line.split(" | ") for line in text.splitlines() if line.startswith("| G"))
-    assert pair[:6] == ["| G1", "spa", "sokoban", runs["straight"][3], "ppo", "2"] and pair[-1] == "straight, seed1 |"
-    assert alone[5] == "1" and alone[-1] == "other |"
+    assert pair[:7] == ["| G1", "spa", "sokoban", "-", runs["straight"][3], "ppo", "2"]
+    assert pair[-1] == "straight, seed1 |"
+    assert alone[3] == "ppo.steps=1" and alone[6] == "1" and alone[-1] == "other |"  # named by its override
     # Two seeds: mean and bootstrap interval over both runs' levels; Pass@8 needs 8 samples.
-    for column, stage in ((6, "eval_base"), (8, "eval_sft"), (10, "eval_final")):
+    for column, stage in ((7, "eval_base"), (9, "eval_sft"), (11, "eval_final")):
         per_seed = [per_level_pass_at_1(f, stage) for f in folders[:2]]
         assert pair[column] == with_interval(*bootstrap_interval(per_seed, resamples=500))
         assert pair[column + 1] == "-"
@@ -295,7 +296,7 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
     # the SFT evaluation's (none).
     assert runs["straight"][10] == rl_gain(straight) and runs["straight"][10].startswith("+")
     # One seed: the run's own number and interval over levels, as in the per-run table.
-    assert alone[6:12] == runs["other"][4:10]
+    assert alone[7:13] == runs["other"][4:10]
     assert (tmp_path / "cmp" / "passk.png").stat().st_size > 1000
     # passk.png's final curve of the single run: its Pass@1 and Pass@2, k = 1..samples
     metrics = json.loads((tmp_path / "other" / "eval" / "final-world_model" / "metrics.json").read_text())

@@ -294,17 +294,39 @@ def summary(run: dict) -> tuple[str, str]:
     return str(data.get("method", "?")), str((data.get("env") or {}).get("name", "?"))
 
 
+def _shown(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def variants(groups: list[list[dict]]) -> list[str]:
+    """What sets each group apart from the largest group of its method and environment (the
+    first of them on a tie): the recipe keys whose values differ from that group's, as
+    ``key=value`` (the overrides that would turn one recipe into the other), seeds and
+    result-neutral keys left out; ``-`` for that group itself. Method and environment
+    alone do not tell an ablation from the recipe it ablates."""
+    recipes = [json.loads(recipe_key(group[0]["config"])) if group[0]["config"] else {} for group in groups]
+    labels = []
+    for group, recipe in zip(groups, recipes):
+        peers = [i for i, other in enumerate(groups) if summary(other[0]) == summary(group[0])]
+        reference = recipes[max(peers, key=lambda i: len(groups[i]))]  # max keeps the first on a tie
+        keys = sorted(key for key in recipe.keys() | reference.keys() if recipe.get(key) != reference.get(key))
+        labels.append(", ".join(f"{key}={_shown(recipe.get(key))}" for key in keys) or "-")
+    return labels
+
+
 def group_table(groups: list[list[dict]], resamples: int = 10_000) -> str:
-    """One row per group: method, env, mode, RL stage, seeds, Pass@1 and Pass@8 of each model, runs."""
-    rows = ["| group | method | env | mode | RL | seeds | base Pass@1 | base Pass@8 | before RL Pass@1 "
+    """One row per group: method, env, variant (:func:`variants`), mode, RL stage, seeds,
+    Pass@1 and Pass@8 of each model, runs."""
+    rows = ["| group | method | env | variant | mode | RL | seeds | base Pass@1 | base Pass@8 | before RL Pass@1 "
             "| before RL Pass@8 | final Pass@1 | final Pass@8 | runs |",
-            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for i, group in enumerate(groups, 1):
+            "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for i, (group, variant) in enumerate(zip(groups, variants(groups)), 1):
         method, env = summary(group[0])
         distinct = len({seeds_of(run["config"]) for run in group})
         seeds = f"{len(group)}" + (f" ({distinct} distinct)" if distinct < len(group) else "")
         cells = [group_cell(group, stages, k, resamples) for _, stages in MODELS for k in (1, 8)]
-        rows.append(f"| G{i} | {method} | {env} | {final_mode(group[0]) or '-'} | {rl_label(group[0])} | {seeds} | "
+        rows.append(f"| G{i} | {method} | {env} | {variant} | {final_mode(group[0]) or '-'} | {rl_label(group[0])} "
+                    f"| {seeds} | "
                     + " | ".join(cells)
                     + f" | {', '.join(run['name'] for run in group)} |")
     return "\n".join(rows)
@@ -336,13 +358,16 @@ def plot_passk(groups: list[list[dict]], path: Path) -> Path:
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.8 * rows), sharey=True, squeeze=False)
     for ax in axes.flat[len(groups):]:
         ax.axis("off")
-    for i, (group, ax) in enumerate(zip(groups, axes.flat), 1):
+    for i, (group, variant, ax) in enumerate(zip(groups, variants(groups), axes.flat), 1):
         for (label, stages), style, color in zip(MODELS, (":", "--", "-"), ("tab:gray", "tab:blue", "tab:red")):
             curve = passk_curve(group, stages)
             if curve:  # the same style and colour for a model in every panel
                 ax.plot(range(1, len(curve) + 1), curve, style, color=color, marker="o", markersize=3, label=label)
         method, env = summary(group[0])
-        ax.set_title(f"G{i}: {method} {env} ({len(group)} seed{'s' * (len(group) > 1)})", fontsize=9)
+        title = f"G{i}: {method} {env} ({len(group)} seed{'s' * (len(group) > 1)})"
+        if variant != "-":  # the overrides on a second line, cut to the panel's width
+            title += "\n" + (variant if len(variant) <= 44 else variant[:43] + "…")
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("k")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1)

@@ -28,7 +28,7 @@ from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
 from spa.eval.paired import paired_difference, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.replicates import (level_counts, level_outcomes, replicate_cell, replicate_estimate,  # noqa: E402
-                                     rl_label, summary)
+                                     rl_label, summary, variants)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
 
@@ -83,9 +83,10 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
     if not curves:
         return None
     width = max(len(found) for found in curves.values())
-    rows = ["| group | method | env | seeds | " + " | ".join(f"round {r}" for r in range(width))
+    labels = variants(groups)
+    rows = ["| group | method | env | variant | seeds | " + " | ".join(f"round {r}" for r in range(width))
             + " | best first action, start -> last | random valid actions |",
-            "|---|---|---|---:|" + "---:|" * (width + 2)]
+            "|---|---|---|---|---:|" + "---:|" * (width + 2)]
     for i, found in curves.items():
         group = groups[i - 1]
         cells = [replicate_cell(hits, len(group), 1, resamples) for hits in found] + ["-"] * (width - len(found))
@@ -95,7 +96,7 @@ def round_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None
         random = random_baseline(found)
         reference = "-" if random is None else pct_with_interval(random["pass_at_k"]["pass@1"],
                                                                  random["pass_at_k_ci95"]["pass@1"])
-        rows.append(f"| G{i} | {method} | {env} | {len(group)} | " + " | ".join(cells)
+        rows.append(f"| G{i} | {method} | {env} | {labels[i - 1]} | {len(group)} | " + " | ".join(cells)
                     + f" | {100 * start:.1f}% -> {100 * last:.1f}% | {reference} |")
     return "\n".join(rows)
 
@@ -164,13 +165,16 @@ def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) ->
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.8))
+    labels = variants(groups)
     for i, found in curves.items():
         rounds = [r for r, hits in enumerate(found) if hits]
         points = [replicate_estimate(found[r], 1, resamples) for r in rounds]
         method, env = summary(groups[i - 1][0])
-        seeds = len(groups[i - 1])
+        seeds, variant = len(groups[i - 1]), labels[i - 1]
+        variant = "" if variant == "-" else f", {variant if len(variant) <= 32 else variant[:31] + '…'}"
         line, = ax.plot(rounds, [mean for mean, _ in points], marker="o",
-                        label=f"G{i}: {method} {env}, {rl_label(groups[i - 1][0])} ({seeds} seed{'s' * (seeds > 1)})")
+                        label=f"G{i}: {method} {env}, {rl_label(groups[i - 1][0])}{variant} "
+                              f"({seeds} seed{'s' * (seeds > 1)})")
         low = [interval[0] if interval else mean for mean, interval in points]
         high = [interval[1] if interval else mean for mean, interval in points]
         ax.fill_between(rounds, low, high, alpha=0.15, color=line.get_color())
