@@ -298,6 +298,11 @@ def _shown(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def cut(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis marking the cut: a plot's label."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def variants(groups: list[list[dict]]) -> list[str]:
     """What sets each group apart from the largest group of its method and environment (the
     first of them on a tie): the recipe keys whose values differ from that group's, as
@@ -305,9 +310,10 @@ def variants(groups: list[list[dict]]) -> list[str]:
     result-neutral keys left out; ``-`` for that group itself. Method and environment
     alone do not tell an ablation from the recipe it ablates."""
     recipes = [json.loads(recipe_key(group[0]["config"])) if group[0]["config"] else {} for group in groups]
+    kinds = [summary(group[0]) for group in groups]  # parsed once: the peers' test runs for every pair
     labels = []
-    for group, recipe in zip(groups, recipes):
-        peers = [i for i, other in enumerate(groups) if summary(other[0]) == summary(group[0])]
+    for kind, recipe in zip(kinds, recipes):
+        peers = [i for i, other in enumerate(kinds) if other == kind]
         reference = recipes[max(peers, key=lambda i: len(groups[i]))]  # max keeps the first on a tie
         keys = sorted(key for key in recipe.keys() | reference.keys() if recipe.get(key) != reference.get(key))
         labels.append(", ".join(f"{key}={_shown(recipe.get(key))}" for key in keys) or "-")
@@ -366,7 +372,7 @@ def plot_passk(groups: list[list[dict]], path: Path) -> Path:
         method, env = summary(group[0])
         title = f"G{i}: {method} {env} ({len(group)} seed{'s' * (len(group) > 1)})"
         if variant != "-":  # the overrides on a second line, cut to the panel's width
-            title += "\n" + (variant if len(variant) <= 44 else variant[:43] + "…")
+            title += "\n" + cut(variant, 44)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("k")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

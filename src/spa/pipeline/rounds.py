@@ -28,7 +28,7 @@ from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
 from spa.eval.paired import paired_difference, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.replicates import (level_counts, level_outcomes, replicate_cell, replicate_estimate,  # noqa: E402
-                                     rl_label, summary, variants)
+                                     cut, rl_label, summary, variants)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
 
@@ -171,7 +171,7 @@ def plot_rounds(groups: list[list[dict]], path: Path, resamples: int = 2_000) ->
         points = [replicate_estimate(found[r], 1, resamples) for r in rounds]
         method, env = summary(groups[i - 1][0])
         seeds, variant = len(groups[i - 1]), labels[i - 1]
-        variant = "" if variant == "-" else f", {variant if len(variant) <= 32 else variant[:31] + '…'}"
+        variant = "" if variant == "-" else f", {cut(variant, 32)}"
         line, = ax.plot(rounds, [mean for mean, _ in points], marker="o",
                         label=f"G{i}: {method} {env}, {rl_label(groups[i - 1][0])}{variant} "
                               f"({seeds} seed{'s' * (seeds > 1)})")
