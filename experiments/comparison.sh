@@ -4,10 +4,12 @@
 # rounds), learn preset, 128 x 8 evaluation, seeds 0-2.
 #
 #   experiments/comparison.sh [GROUP ...]   # default: frozenlake
+#   SEEDS=0 experiments/comparison.sh ...   # only these seeds of each group (default: 0 1 2)
 #
 # GROUP is one of
 #   frozenlake, sokoban     vanilla, state estimation and SPA, seeds 0-2 (the table's core);
-#   ENV-ablations           the paper's four SPA ablations on ENV (frozenlake or sokoban), seed 0;
+#   ENV-ablations           the paper's four SPA ablations on ENV (frozenlake or sokoban), seed 0
+#                           (whatever SEEDS says);
 #   ENV-rows                SPA playing its rounds in the world-model prompt, VAGEN-style
 #                           rewards (rounds that keep grounded states) and RWML, seeds 0-2;
 #   ENV-value               vanilla and SPA on ENV with the rounds' label from the task's reward
@@ -37,6 +39,12 @@ LANES=${LANES:-2}
 case $LANES in
   '' | *[!0-9]* | 0) echo "LANES='$LANES' is not a number of lanes; valid: 1, 2, ..." >&2; exit 2 ;;
 esac
+SEEDS=${SEEDS:-0 1 2}
+for seed in $SEEDS; do
+  case $seed in
+    *[!0-9]*) echo "SEEDS='$SEEDS': '$seed' is not a seed; valid: whole numbers 0, 1, 2, ..." >&2; exit 2 ;;
+  esac
+done
 threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / LANES ))  # nproc alone obeys OMP_NUM_THREADS
 if [ "$threads" -lt 1 ]; then threads=1; fi
 groups=("${@:-frozenlake}")
@@ -75,15 +83,15 @@ cells() {  # cells GROUP: one line per cell, "PREFIX METHOD SEED [VARIANT key=va
   local env=${1%%-*} seed  # seed 0 of every method first, the longer SPA runs first in a seed
   case $1 in
     frozenlake | sokoban)
-      for seed in 0 1 2; do printf '%s\n' "$env spa $seed" "$env vanilla $seed" "$env state_estimation $seed"; done ;;
+      for seed in $SEEDS; do printf '%s\n' "$env spa $seed" "$env vanilla $seed" "$env state_estimation $seed"; done ;;
     *-ablations)
       printf '%s\n' "$env spa 0 self_belief selfplay.states=self_belief" \
         "$env spa 0 random_exploration selfplay.exploration=random" \
         "$env spa 0 random_coords selfplay.coords=random" "$env spa 0 masked_states sft.mask_states=true" ;;
-    *-rows) for seed in 0 1 2; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env vagen $seed" "$env rwml $seed"; done ;;
-    *-value) for seed in 0 1 2; do printf '%s\n' "$env spa $seed value iterate.keep=value" \
+    *-rows) for seed in $SEEDS; do printf '%s\n' "$env spa $seed $WORLD_MODEL" "$env vagen $seed" "$env rwml $seed"; done ;;
+    *-value) for seed in $SEEDS; do printf '%s\n' "$env spa $seed value iterate.keep=value" \
       "$env vanilla $seed value iterate.keep=value"; done ;;
-    *) for seed in 0 1 2; do printf '%s\n' "$1 spa $seed" "$1 vanilla $seed"; done ;;  # sudoku, the transfer
+    *) for seed in $SEEDS; do printf '%s\n' "$1 spa $seed" "$1 vanilla $seed"; done ;;  # sudoku, the transfer
   esac
 }
 

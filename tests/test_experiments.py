@@ -330,6 +330,24 @@ def test_each_lane_takes_its_share_of_the_cores(tmp_path):
         assert threads == {str(max(1, cores // lanes))}
 
 
+def test_seeds_chooses_the_seeds_of_every_group_but_the_ablations(tmp_path):
+    calls, _ = comparison_calls(tmp_path, "frozenlake-rows", "sudoku", "sokoban-ablations",
+                                env={"LANES": "1", "SEEDS": "0 2"})
+    names = [c[c.index("--name") + 1] for c in calls if c[0] == "run"]
+    assert names[:6] == [f"frozenlake-{m}-s{s}" for s in (0, 2)
+                         for m in ("spa-iterate-world_model", "vagen-iterate", "rwml-iterate")]
+    assert names[6:10] == [f"sudoku-{m}-iterate-s{s}" for s in (0, 2) for m in ("spa", "vanilla")]
+    assert len(names) == 14 and all(n.endswith("-s0") for n in names[10:])  # the ablations: seed 0 only
+
+
+@pytest.mark.parametrize("seeds", ["one", "0,1", "-1"])
+def test_the_comparison_names_a_bad_seed(seeds):
+    result = subprocess.run(["bash", str(COMPARISON), "sudoku"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "SEEDS": seeds})
+    assert result.returncode == 2
+    assert f"SEEDS='{seeds}'" in result.stderr and "is not a seed" in result.stderr
+
+
 @pytest.mark.parametrize("lanes", ["0", "two", "-1"])
 def test_the_comparison_names_a_bad_number_of_lanes(lanes):
     result = subprocess.run(["bash", str(COMPARISON), "sudoku"], capture_output=True, text=True,
