@@ -32,7 +32,7 @@ read the shares, not the absolute figures.
 
 The machine may be shared: compare the two figures of one run, not figures of runs at
 different times. Constructing the engine tunes glibc's malloc for the whole process
-(see ``spa.models.engine.tune_malloc``), so ``model.generate`` runs under the same
+(see ``spa.heap.tune_malloc``), so ``model.generate`` runs under the same
 allocator settings as the engine.
 """
 

@@ -15,7 +15,6 @@ settings), and written atomically, so a second demo goes straight to playing.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import shutil
@@ -27,6 +26,7 @@ from typing import Any, Callable
 from rich.table import Table
 from rich.text import Text
 
+from spa import heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, rollout
 from spa.agent.seeds import EVAL_SEED_OFFSET
@@ -128,7 +128,7 @@ def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = pr
                                             "history": history,
                                             "seconds": round(time.perf_counter() - start, 1)})
     del lm
-    gc.collect()
+    heap.release()
     log(f"format bootstrap: trained in {time.perf_counter() - start:.0f} s, cached in {folder}")
     return folder / "model"
 

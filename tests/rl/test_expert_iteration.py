@@ -6,6 +6,7 @@ import torch
 from scripted import ScriptedEngine
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa import heap
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import TRAINER_STATE
 from spa.models import load_model
@@ -111,3 +112,11 @@ def test_config_errors_name_the_value():
         IterateConfig(episodes=10)
     with pytest.raises(ValueError, match="rounds=0"):
         IterateConfig(rounds=0)
+
+
+def test_every_stage_returns_its_memory_to_the_system(tmp_path, scripted, monkeypatch):
+    """The start's evaluation, then each round's play, SFT and evaluation: a release after each."""
+    released = []
+    monkeypatch.setattr(heap, "release", lambda: released.append(len(list(tmp_path.rglob("metrics.json")))))
+    run("tiny", load, config(rounds=1), ROLLOUT, tmp_path, evaluate=evaluate_fn)
+    assert released == [1, 1, 2, 3]  # metrics.json: round-0 eval; + round-1 SFT; + round-1 eval

@@ -25,16 +25,14 @@ time; ``bench/generation.py --profile`` does.
 
 from __future__ import annotations
 
-import ctypes
 import inspect
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from spa.heap import tune_malloc
 from spa.models.kv import cache_arg, returned_cache
 from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
 
@@ -386,36 +384,6 @@ class HFSession:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-_MALLOC_TUNED = False
-
-
-def tune_malloc() -> bool:
-    """Keep freed memory of large CPU tensors in the heap instead of unmapping it.
-
-    glibc serves large allocations with mmap and returns them on free, so every decode
-    step's fresh logits, probabilities and scores (megabytes each) are page-faulted in
-    again: measured 8 ms instead of 1.5 ms for one 64 x 49k softmax, a few percent of
-    system time overall. Raising the mmap and trim thresholds makes such buffers be
-    reused, like jemalloc or tcmalloc would (the usual advice for PyTorch on CPU). It
-    is process-wide: the process keeps up to ``M_TRIM_THRESHOLD`` of freed memory.
-    Done once, on glibc only; ``SPA_MALLOC_TUNING=0`` turns it off.
-    """
-    global _MALLOC_TUNED
-    disabled = os.environ.get("SPA_MALLOC_TUNING", "1") == "0"
-    if _MALLOC_TUNED or disabled or not sys.platform.startswith("linux"):
-        return _MALLOC_TUNED
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-        ok = libc.mallopt(m_mmap_threshold, 64 * 2**20)
-        ok = ok and libc.mallopt(m_trim_threshold, 512 * 2**20)
-    except (OSError, AttributeError):  # not glibc
-        return False
-    _MALLOC_TUNED = bool(ok)
-    return _MALLOC_TUNED
-
-
 
 def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
     ids: set[int] = set()

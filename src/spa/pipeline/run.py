@@ -39,7 +39,6 @@ from the earlier one's weights alone. Without the file, ``last_checkpoint`` and
 
 from __future__ import annotations
 
-import gc
 import json
 import shutil
 from dataclasses import replace
@@ -47,7 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from spa import precision
+from spa import heap, precision
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
@@ -141,7 +140,7 @@ class Run:
             # After the record: a crash before it leaves the stage resumable, one after it a
             # file that the sweep above deletes on the next start.
             self._drop_trainer_state(stage)
-            gc.collect()
+            heap.release()  # the stage's models and optimizer, back to the system (spa.heap)
             self.log(f"stage {stage}: finished in {self.stages[stage]['seconds']} s")
         return self.stages
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from spa import precision
+from spa import heap, precision
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
 from spa.config import to_dict
@@ -153,6 +153,7 @@ def _check_settings(path: Path, settings: dict) -> None:
     write_json(path, settings)
 
 
+@heap.releasing  # each stage frees a model (SFT also its optimizer): back to the system (spa.heap)
 def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig, data: Path) -> dict:
     """The round's filtered examples in ``data`` (played unless already there); their stats."""
     stats_path = data.with_suffix(".stats.json")
@@ -176,6 +177,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     return stats
 
 
+@heap.releasing
 def _train(model: str, load: Loader, config: SFTConfig, folder: Path) -> str:
     """SFT of ``model`` on the round's data (resumed or skipped if done); the new model's folder."""
     sft_dir = folder / "sft"
@@ -193,6 +195,7 @@ def _sft_seconds(sft_dir: Path) -> float:
     return round(sum(epoch["seconds"] for epoch in epochs), 1)
 
 
+@heap.releasing
 def _evaluation(model: str, load: Loader, evaluate: Callable, folder: Path, before: Path | None = None) -> dict:
     """Pass@1 and Pass@k of ``model`` with 95% intervals (evaluated unless ``folder`` holds its
     metrics), and the paired Pass@1 difference from the evaluation in ``before``."""
