@@ -60,7 +60,7 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
     assert [r["round"] for r in records] == [0, 1, 2]
     assert json.loads((tmp_path / "rounds.json").read_text()) == json.loads(json.dumps(records))
     for round_, record in enumerate(records[1:], start=1):
-        examples = [json.loads(line) for line in (tmp_path / f"round-{round_}" / "data.jsonl").open()]
+        examples = [json.loads(line) for line in (tmp_path / f"round-{round_}" / "data.jsonl").read_text().splitlines()]
         assert [(e["sample"], e["response"]) for e in examples] == [(0, WIN)]
         assert examples[0]["seed"] != 0 or round_ == 1  # round 2 plays the next training level
         assert (record["kept"], record["turns"], record["play_success"]) == (1, 2, 0.5)
