@@ -27,7 +27,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable
-from functools import wraps
+from functools import cache, wraps
 from typing import TypeVar
 
 _TUNED = False
@@ -35,6 +35,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
 T = TypeVar("T")
 
 
+@cache  # looked up once: release() runs at every stage boundary
 def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None

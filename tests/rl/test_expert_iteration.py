@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from scripted import ScriptedEngine
+from spa import heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
-from spa import heap
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import TRAINER_STATE
 from spa.models import load_model
 from spa.rl import expert_iteration
 from spa.rl.expert_iteration import IterateConfig, run
-from spa.worldmodel.sft import SFTConfig, masked_lm_loss
+from spa.worldmodel.sft import SFTConfig, load_examples, masked_lm_loss
 from spa.worldmodel.tokenize import tokenize_example
 
 MAP = {"desc": "SFG/FHF/FFF", "is_slippery": False}  # Right || Right wins in one turn
@@ -60,7 +60,7 @@ def test_rounds_train_on_the_winners_only_and_resume(tmp_path, scripted):
     assert [r["round"] for r in records] == [0, 1, 2]
     assert json.loads((tmp_path / "rounds.json").read_text()) == json.loads(json.dumps(records))
     for round_, record in enumerate(records[1:], start=1):
-        examples = [json.loads(line) for line in (tmp_path / f"round-{round_}" / "data.jsonl").read_text().splitlines()]
+        examples = load_examples(tmp_path / f"round-{round_}" / "data.jsonl")
         assert [(e["sample"], e["response"]) for e in examples] == [(0, WIN)]
         assert examples[0]["seed"] != 0 or round_ == 1  # round 2 plays the next training level
         assert (record["kept"], record["turns"], record["play_success"]) == (1, 2, 0.5)
