@@ -139,6 +139,29 @@ def test_paired_tables_the_level_by_level_difference_and_prints_json(tmp_path):
     assert data["pass@1"]["difference_ci95"] == pytest.approx([1 / 3 - 1.96 / 6, 1 / 3 + 1.96 / 6])
 
 
+def test_paired_adds_the_best_first_action_where_turns_were_scored(tmp_path):
+    # Best first action a 1 of 2 -> 2 of 2, b 0 of 4 -> 3 of 4: 16.7% -> 83.3%, +66.7 with
+    # 1.96 / 9 either side (tests/eval/test_paired.py).
+    def scored(folder, best):
+        folder.mkdir()
+        records = [{"env": "sokoban", "env_config": {}, "seed": level, "success": False,
+                    "turns": [{"best_first": b} for b in turns]} for level, turns in enumerate(best)]
+        (folder / "trajectories.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+        return str(folder)
+
+    before = scored(tmp_path / "before", [[True, False], [False] * 4])
+    after = scored(tmp_path / "after", [[True, True], [True, True, True, False]])
+    result = runner.invoke(app, ["paired", before, after])
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.output.splitlines()
+            if line.startswith("│")]
+    assert rows[4:] == [["before", "16.7 [0.0, 60.2]"], ["after", "83.3 [61.6, 100.0]"],
+                        ["after - before", "+66.7 [+44.9, +88.4]"], ["levels up / down / same", "2 / 0 / 0"]]
+    assert "best first action" in result.output and max(map(len, result.output.splitlines())) <= 80
+    data = json.loads(runner.invoke(app, ["paired", before, after, "--json"]).output)
+    assert data["best_first"]["difference"] == pytest.approx(2 / 3)
+
+
 def test_paired_names_a_missing_evaluation_and_levels_that_differ(tmp_path):
     before = eval_folder(tmp_path / "before", [(True,), (False,), (True,)])
     result = runner.invoke(app, ["paired", before, str(tmp_path / "nothing")], terminal_width=200)

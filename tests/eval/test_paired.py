@@ -7,7 +7,8 @@ import pytest
 
 from spa.agent.rollout import Trajectory
 from spa.eval.metrics import normal_interval, summarize
-from spa.eval.paired import compare_evaluations, paired_difference, read_levels, signed_pct_with_interval
+from spa.eval.paired import (compare_evaluations, paired_difference, paired_rate_difference, read_levels,
+                             signed_pct_with_interval)
 from spa.io import write_json, write_jsonl
 
 # Three levels of two samples. Pass@1 before 0.5, 0, 1 and after 1, 0.5, 1: differences
@@ -111,6 +112,62 @@ def test_compare_evaluations_refuses_other_environments_and_missing_files(tmp_pa
         compare_evaluations(before, other)
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nothing" / "trajectories.jsonl")):
         compare_evaluations(before, tmp_path / "nothing")
+
+
+# Best first action as (hits, scored turns): a 1 of 2 -> 2 of 2, b 0 of 4 -> 3 of 4. Pooled
+# shares 1/6 -> 5/6, difference 2/3 (the mean of the levels' own shares would say 0.625).
+# Pseudo-values share + (hits - share * scored) / 3: before 1/6 + 2/9, 1/6 - 2/9; after
+# 5/6 + 1/9, 5/6 - 1/9; their differences 2/3 - 1/9, 2/3 + 1/9: sd sqrt(2) / 9, so the
+# half-width is 1.96 * (sqrt(2) / 9) / sqrt(2) = 1.96 / 9; before's is 1.96 * 2 / 9.
+BEST_BEFORE = {"a": (1, 2), "b": (0, 4)}
+BEST_AFTER = {"b": (3, 4), "a": (2, 2)}
+
+
+def test_best_first_difference_pools_turns_and_pairs_levels_by_hand():
+    d = paired_rate_difference(BEST_BEFORE, BEST_AFTER)
+    assert (d.levels, d.turns_before, d.turns_after, d.improved, d.worsened, d.tied) == (2, 6, 6, 2, 0, 0)
+    assert (d.before, d.after, d.difference) == pytest.approx((1 / 6, 5 / 6, 2 / 3))
+    assert d.difference_ci95 == pytest.approx((2 / 3 - 1.96 / 9, 2 / 3 + 1.96 / 9))
+    assert d.before_ci95 == pytest.approx((0.0, 1 / 6 + 1.96 * 2 / 9))  # clipped at 0
+    assert d.after_ci95 == pytest.approx((5 / 6 - 1.96 / 9, 1.0))
+    same = paired_rate_difference(BEST_BEFORE, BEST_BEFORE)
+    assert same.difference == 0 and same.difference_ci95 == (0, 0) and same.tied == 2
+    with pytest.raises(ValueError, match="no turn of after was scored"):
+        paired_rate_difference(BEST_BEFORE, {"a": (0, 0), "b": (0, 0)})
+
+
+def write_scored_eval(folder, best):
+    """An evaluation whose level ``i`` has one episode with turns ``best[i]`` (True, False
+    or None: not scored); returns its folder and ``summarize``'s metrics of the same turns."""
+    from types import SimpleNamespace
+
+    runs, records = [], []
+    for level, turns in enumerate(best):
+        episode = Trajectory("sokoban", {}, seed=10_000_000 + level, group=level, sample=0, mode="base")
+        records.append({**episode.to_json(), "turns": [{"best_first": b} for b in turns]})
+        episode.turns = [SimpleNamespace(best_first=b, best_run=None, reward=0.0, actions_valid=[True],
+                                         format_ok=True, response_ids=[]) for b in turns]
+        runs.append(episode)
+    write_jsonl(folder / "trajectories.jsonl", records)
+    return folder, summarize(runs)
+
+
+def test_compare_evaluations_pairs_the_best_first_action_and_levels_json_keeps_it(tmp_path):
+    from spa.pipeline.layout import write_levels
+
+    before, metrics = write_scored_eval(tmp_path / "before", [[True, False, None], [False, False, False, False]])
+    after, _ = write_scored_eval(tmp_path / "after", [[True, True], [True, None, True, True, False]])
+    result = compare_evaluations(before, after)
+    assert result["best_first"]["before"] == pytest.approx(metrics["best_first_rate"])  # what spa eval reports
+    assert result["best_first"]["difference"] == pytest.approx(2 / 3)
+    assert result["best_first"]["difference_ci95"] == pytest.approx([2 / 3 - 1.96 / 9, 2 / 3 + 1.96 / 9])
+    write_levels(before)
+    assert json.loads((before / "levels.json").read_text())["best_first"] == {"10000000": [1, 2],
+                                                                              "10000001": [0, 4]}
+    (before / "trajectories.jsonl").unlink()
+    assert compare_evaluations(before, after) == result
+    unscored, _ = write_scored_eval(tmp_path / "unscored", [[None], [None]])
+    assert "best_first" not in compare_evaluations(unscored, after)
 
 
 def test_a_difference_reads_in_signed_points():

@@ -74,9 +74,11 @@ def paired(
 
     Each level's Pass@1 (and Pass@k with k the samples per level) after minus before,
     averaged over the levels, with a 95% interval over levels: far narrower than the two
-    evaluations' own intervals, as each level's difficulty cancels out.
+    evaluations' own intervals, as each level's difficulty cancels out. Where the
+    environment has a solver, also the share of turns whose first action began a shortest
+    solution, paired the same way.
     """
-    from spa.eval.paired import compare_evaluations, table
+    from spa.eval.paired import best_first_table, compare_evaluations, table
 
     try:
         result = compare_evaluations(before, after)
@@ -87,14 +89,16 @@ def paired(
         return
     samples = result["samples"]
     each = samples["before"] if samples["before"] == samples["after"] else f"{samples['before']} / {samples['after']}"
-    header, rows = table(result)
-    view = Table(title=f"{before} -> {after}\n{result['env']}, {result['levels']} levels x {each} samples")
-    for column in header:
-        view.add_column(column, justify="right" if column else "left")
-    for row in rows:
-        view.add_row(*row)
-    console.print(view)
-    console.print("Pass@k in %, differences in points; 95% intervals over levels.", highlight=False)
+    title = f"{before} -> {after}\n{result['env']}, {result['levels']} levels x {each} samples"
+    for header, rows in filter(None, (table(result), best_first_table(result))):
+        view = Table(title=title)
+        for column in header:
+            view.add_column(column, justify="right" if column else "left")
+        for row in rows:
+            view.add_row(*row)
+        console.print(view)
+        title = None
+    console.print("In %, differences in points; 95% intervals over levels.", highlight=False)
 
 
 @app.command(epilog=example("spa ppl -e sokoban -e sudoku --num-states 32"))

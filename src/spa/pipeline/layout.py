@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from spa.eval.paired import LEVELS, read_levels
+from spa.eval.paired import LEVELS, read_evaluation
 from spa.io import atomic_dir, write_json
 
 #: The evaluation stages of the model RL starts from, in the order ``Run.start_model``
@@ -37,11 +37,14 @@ def eval_dir(folder: str | Path, stage: str, mode: str) -> Path:
 
 def write_levels(evaluation: str | Path) -> Path:
     """``levels.json`` beside an evaluation's ``trajectories.jsonl``: the environment played
-    and each level's successes, one per sample (see :func:`spa.eval.paired.read_levels`)."""
+    and each level's successes, one per sample, and its best-first counts where turns were
+    scored (see :func:`spa.eval.paired.read_evaluation`)."""
     evaluation = Path(evaluation)
-    played, levels = read_levels(evaluation)
-    return write_json(evaluation / LEVELS, {**played, "levels": {str(seed): [int(s) for s in outcomes]
-                                                                  for seed, outcomes in levels.items()}})
+    played, levels, best = read_evaluation(evaluation)
+    data = {**played, "levels": {str(seed): [int(s) for s in outcomes] for seed, outcomes in levels.items()}}
+    if best:
+        data["best_first"] = {str(seed): counts for seed, counts in best.items()}
+    return write_json(evaluation / LEVELS, data)
 
 
 def archive(run: str | Path, out: str | Path) -> Path:
