@@ -7,7 +7,7 @@ from spa.agent.prompts import PromptConfig
 from spa.eval.baselines import evaluate_policy
 from spa.eval.evaluate import EvalConfig
 from spa.eval.metrics import bootstrap_interval, pct_with_interval
-from spa.eval.paired import paired_difference, signed_pct_with_interval
+from spa.eval.paired import paired_difference, paired_rate_difference, signed_pct_with_interval
 from spa.pipeline.replicates import group_runs
 from spa.pipeline import rounds as rounds_module
 from spa.pipeline.report import wall_seconds
@@ -121,3 +121,18 @@ def test_each_round_of_each_run_shows_its_play_its_paired_gain_and_its_times(tmp
     assert rows[4].startswith("| a | 2 | - | - | 100.0 [90.0, 110.0] | +33.3 [")
     assert rows[4].endswith(" | 2 / 0 | 20.0% | - | - / - / - |")
     assert run_round_table([{"name": "ppo", "dir": tmp_path / "ppo", "config": "rl: ppo\n"}]) is None
+
+
+def test_a_rounds_best_first_action_shows_its_paired_gain_where_the_turns_were_scored(tmp_path):
+    run = run_with_rounds(tmp_path, "a", 0, [[0, 1, 2], [1, 1, 2], [2, 2, 2]])
+    counts = {0: {"100": [1, 2], "101": [0, 4], "102": [0, 0]}, 1: {"100": [2, 2], "101": [3, 4], "102": [0, 0]}}
+    for r, best in counts.items():  # round 2 keeps no scores, as an archive made before them
+        levels = tmp_path / "a" / "rl" / f"round-{r}" / "eval" / "levels.json"
+        levels.write_text(json.dumps({**json.loads(levels.read_text()), "best_first": best}))
+    rows = run_round_table([run]).splitlines()
+    shares = paired_rate_difference({level: tuple(c) for level, c in counts[0].items()},
+                                    {level: tuple(c) for level, c in counts[1].items()})
+    assert abs(shares.difference - 2 / 3) < 1e-12 and shares.difference_ci95[0] > 0
+    expected = signed_pct_with_interval(shares.difference, shares.difference_ci95)
+    assert f" | 10.0% ({expected}) | " in rows[3]  # metrics.json's rate, the gain from the counts
+    assert " | 0.0% | " in rows[2] and " | 20.0% | " in rows[4]  # no round before; no counts

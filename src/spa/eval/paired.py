@@ -211,10 +211,8 @@ def compare_evaluations(before: str | Path, after: str | Path) -> dict:
     result = {"before": str(before), "after": str(after), **played_before, "levels": paired.levels,
               "samples": samples}
     result.update({f"pass@{k}": asdict(paired if k == 1 else paired_difference(old, new, k)) for k in ks})
-    if old_best and new_best:
-        empty = [0, 0]
-        result["best_first"] = asdict(paired_rate_difference({seed: old_best.get(seed, empty) for seed in old},
-                                                             {seed: new_best.get(seed, empty) for seed in new}))
+    if old_best and new_best:  # every level has its counts, [0, 0] where none of its turns was scored
+        result["best_first"] = asdict(paired_rate_difference(old_best, new_best))
     return result
 
 

@@ -26,7 +26,7 @@ import yaml  # noqa: E402
 from spa.config import with_defaults  # noqa: E402
 from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, pass_at_k, pct_with_interval,  # noqa: E402
                               pooled_sd, runs_per_arm)
-from spa.eval.paired import LEVELS, read_levels, signed_pct_with_interval  # noqa: E402
+from spa.eval.paired import LEVELS, read_evaluation, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.layout import BEFORE_RL, eval_dir  # noqa: E402
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe  # noqa: E402
 from spa.rl.expert_iteration import LABEL  # noqa: E402
@@ -107,19 +107,32 @@ def level_outcomes(trajectories: str | Path) -> tuple[dict, dict[int, tuple[bool
     """``(played, {level seed: one success per sample})`` of an evaluation, as
     :func:`level_counts` finds it. Read once per version of the file: the tables and the
     plot all need it, and a file of 128 x 8 episodes takes a while to parse."""
+    found = _read_cached(trajectories)
+    return found and found[:2]
+
+
+def level_best_first(trajectories: str | Path) -> dict[int, tuple[int, int]] | None:
+    """``{level seed: (best-first turns, scored turns)}`` of an evaluation, as
+    :func:`level_outcomes` finds it; None where it scored no turn or is not there."""
+    found = _read_cached(trajectories)
+    return (found and found[2]) or None
+
+
+def _read_cached(trajectories: str | Path) -> tuple | None:
     path = Path(trajectories)
     if not path.is_file():
         path = path.with_name(LEVELS)
         if not path.is_file():
             return None
     stat = path.stat()
-    return _level_outcomes(str(path.parent), stat.st_mtime_ns, stat.st_size)
+    return _read_evaluation(str(path.parent), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
-def _level_outcomes(folder: str, _mtime_ns: int, _size: int) -> tuple[dict, dict[int, tuple[bool, ...]]]:
-    played, levels = read_levels(folder)
-    return played, {seed: tuple(outcomes) for seed, outcomes in levels.items()}
+def _read_evaluation(folder: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict]:
+    played, levels, best = read_evaluation(folder)
+    return (played, {seed: tuple(outcomes) for seed, outcomes in levels.items()},
+            {seed: tuple(counts) for seed, counts in best.items()})
 
 
 def trajectories_path(run: dict, stage: str, mode: str) -> Path:

@@ -26,8 +26,9 @@ from spa.agent.prompts import PromptConfig  # noqa: E402
 from spa.eval.baselines import evaluate_policy  # noqa: E402
 from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
-from spa.eval.paired import paired_difference, signed_pct_with_interval  # noqa: E402
-from spa.pipeline.replicates import (level_counts, level_outcomes, replicate_cell, replicate_estimate,  # noqa: E402
+from spa.eval.paired import paired_difference, paired_rate_difference, signed_pct_with_interval  # noqa: E402
+from spa.pipeline.replicates import (level_best_first, level_counts, level_outcomes, replicate_cell,  # noqa: E402
+                                     replicate_estimate,
                                      cut, rl_label, summary, variants)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
@@ -115,32 +116,37 @@ def _minutes(seconds: float | None) -> str:
 def run_round_rows(run: dict) -> list[str]:
     """The rows of :func:`run_round_table` for one run, one per round it evaluated."""
     record = _rounds_record(run)
-    rows, before = [], None
+    rows, before, before_best = [], None, None
     for r in count():
         found = round_eval(run, r)
         if found is None:
             break
         metrics, folder = found[0], Path(run["dir"]) / "rl" / f"round-{r}" / "eval"
         entry = record.get(r, {})
-        gain = moved = "-"
+        gain = moved = best_gain = "-"
         outcomes = level_outcomes(folder / "trajectories.jsonl")
+        best = level_best_first(folder / "trajectories.jsonl")
         if before and outcomes and before[0] == outcomes[0]:  # the same environment and options
             try:
                 paired = paired_difference(before[1], outcomes[1])
                 gain = signed_pct_with_interval(paired.difference, paired.difference_ci95)
                 moved = f"{paired.improved} / {paired.worsened}"
+                if before_best and best:
+                    shares = paired_rate_difference(before_best, best)
+                    best_gain = signed_pct_with_interval(shares.difference, shares.difference_ci95)
             except ValueError:  # other levels played
                 pass
         kept = f"{entry['kept']:,} / {entry['turns']:,}" if "kept" in entry else "-"
         success = f"{100 * entry['play_success']:.1f}%" if "play_success" in entry else "-"
         first = metrics.get("best_first_rate")
+        first = "-" if first is None else f"{100 * first:.1f}%" + ("" if best_gain == "-" else f" ({best_gain})")
         actions = (f"{metrics['mean_actions'] / metrics['mean_turns']:.2f}"
                    if metrics.get("mean_turns") and "mean_actions" in metrics else "-")
         times = " / ".join(_minutes(entry.get(f"{stage}_seconds")) for stage in ("play", "sft", "eval"))
         pass1 = pct_with_interval(metrics["pass_at_k"]["pass@1"], (metrics.get("pass_at_k_ci95") or {}).get("pass@1"))
         rows.append(f"| {run['name']} | {r} | {kept} | {success} | {pass1} | {gain} | {moved} | "
-                    f"{'-' if first is None else f'{100 * first:.1f}%'} | {actions} | {times} |")
-        before = outcomes
+                    f"{first} | {actions} | {times} |")
+        before, before_best = outcomes, best
     return rows
 
 
@@ -148,7 +154,9 @@ def run_round_table(runs: list[dict]) -> str | None:
     """One row per round of each run of expert iteration: the turns its play kept of those
     played and the play's success rate, Pass@1 with its interval over levels, the paired
     Pass@1 gain over the round before on the same levels (:func:`spa.eval.paired.paired_difference`)
-    with the levels that rose and fell, the best-first-action rate, actions a turn, and the
+    with the levels that rose and fell, the best-first-action rate (with its paired gain
+    over the round before, :func:`spa.eval.paired.paired_rate_difference`, where both
+    evaluations kept their turns' scores), actions a turn, and the
     round's play, SFT and evaluation minutes; None when no run has rounds."""
     rows = [row for run in runs for row in run_round_rows(run)]
     if not rows:
