@@ -63,12 +63,18 @@ def paired_difference(before: Mapping[Hashable, Sequence[bool]], after: Mapping[
     old = [pass_at_k(len(before[level]), sum(before[level]), k) for level in levels]
     new = [pass_at_k(len(after[level]), sum(after[level]), k) for level in levels]
     gains = [b - a for a, b in zip(old, new)]
-    moved = [0.0 if math.isclose(g, 0.0, abs_tol=1e-12) else g for g in gains]  # exact ties despite rounding
+    improved, worsened, tied = _moves(gains)
     return PairedDifference(
         k=k, levels=len(levels), before=mean(old), before_ci95=normal_interval(old, z), after=mean(new),
         after_ci95=normal_interval(new, z), difference=mean(gains),
         difference_ci95=normal_interval(gains, z, bounds=(-1.0, 1.0)),
-        improved=sum(g > 0 for g in moved), worsened=sum(g < 0 for g in moved), tied=sum(g == 0 for g in moved))
+        improved=improved, worsened=worsened, tied=tied)
+
+
+def _moves(gains: Sequence[float]) -> tuple[int, int, int]:
+    """How many of the per-level ``gains`` rose, fell and stayed; within rounding of 0 is a tie."""
+    moved = [0.0 if math.isclose(g, 0.0, abs_tol=1e-12) else g for g in gains]
+    return sum(g > 0 for g in moved), sum(g < 0 for g in moved), sum(g == 0 for g in moved)
 
 
 @dataclass(frozen=True)
@@ -109,23 +115,26 @@ def paired_rate_difference(before: Mapping[Hashable, Sequence[int]], after: Mapp
     """
     _check_levels(before, after)
     levels = list(before)
-    sides = {}
-    for name, side in (("before", before), ("after", after)):
-        hits, scored = [side[level][0] for level in levels], [side[level][1] for level in levels]
-        if not sum(scored):
-            raise ValueError(f"no turn of {name} was scored: the environment has no solver, or no turn gave an action")
-        share, size = sum(hits) / sum(scored), mean(scored)
-        sides[name] = (share, [share + (h - share * n) / size for h, n in zip(hits, scored)], sum(scored))
-    (old, old_pseudo, old_turns), (new, new_pseudo, new_turns) = sides["before"], sides["after"]
-    moves = [after[level][0] / after[level][1] - before[level][0] / before[level][1]
-             for level in levels if before[level][1] and after[level][1]]
-    moves = [0.0 if math.isclose(m, 0.0, abs_tol=1e-12) else m for m in moves]
+    old, old_pseudo, old_turns = _pooled("before", [before[level] for level in levels])
+    new, new_pseudo, new_turns = _pooled("after", [after[level] for level in levels])
+    improved, worsened, tied = _moves([after[level][0] / after[level][1] - before[level][0] / before[level][1]
+                                       for level in levels if before[level][1] and after[level][1]])
     return PairedRate(
         levels=len(levels), turns_before=old_turns, turns_after=new_turns, before=old,
         before_ci95=normal_interval(old_pseudo, z), after=new, after_ci95=normal_interval(new_pseudo, z),
         difference=new - old,
         difference_ci95=normal_interval([b - a for a, b in zip(old_pseudo, new_pseudo)], z, bounds=(-1.0, 1.0)),
-        improved=sum(m > 0 for m in moves), worsened=sum(m < 0 for m in moves), tied=sum(m == 0 for m in moves))
+        improved=improved, worsened=worsened, tied=tied)
+
+
+def _pooled(name: str, counts: list[Sequence[int]]) -> tuple[float, list[float], int]:
+    """``(share, pseudo-values, scored turns)`` of one side's per-level ``(hits, scored)``
+    (:func:`paired_rate_difference`)."""
+    hits, scored = [h for h, _ in counts], [n for _, n in counts]
+    if not sum(scored):
+        raise ValueError(f"no turn of {name} was scored: the environment has no solver, or no turn gave an action")
+    share, size = sum(hits) / sum(scored), mean(scored)
+    return share, [share + (h - share * n) / size for h, n in zip(hits, scored)], sum(scored)
 
 
 def _check_levels(before: Mapping, after: Mapping) -> None:

@@ -28,8 +28,7 @@ from spa.eval.evaluate import EvalConfig  # noqa: E402
 from spa.eval.metrics import pass_at_k, pct_with_interval  # noqa: E402
 from spa.eval.paired import paired_difference, paired_rate_difference, signed_pct_with_interval  # noqa: E402
 from spa.pipeline.replicates import (level_best_first, level_counts, level_outcomes, replicate_cell,  # noqa: E402
-                                     replicate_estimate,
-                                     cut, rl_label, summary, variants)
+                                     replicate_estimate, cut, rl_label, summary, variants)
 
 Evaluation = tuple[dict, "list[float] | None"]  # metrics.json, per-level Pass@1
 
@@ -123,7 +122,8 @@ def run_round_rows(run: dict) -> list[str]:
             break
         metrics, folder = found[0], Path(run["dir"]) / "rl" / f"round-{r}" / "eval"
         entry = record.get(r, {})
-        gain = moved = best_gain = "-"
+        gain = moved = "-"
+        best_gain = ""
         outcomes = level_outcomes(folder / "trajectories.jsonl")
         best = level_best_first(folder / "trajectories.jsonl")
         if before and outcomes and before[0] == outcomes[0]:  # the same environment and options
@@ -133,13 +133,13 @@ def run_round_rows(run: dict) -> list[str]:
                 moved = f"{paired.improved} / {paired.worsened}"
                 if before_best and best:
                     shares = paired_rate_difference(before_best, best)
-                    best_gain = signed_pct_with_interval(shares.difference, shares.difference_ci95)
+                    best_gain = f" ({signed_pct_with_interval(shares.difference, shares.difference_ci95)})"
             except ValueError:  # other levels played
                 pass
         kept = f"{entry['kept']:,} / {entry['turns']:,}" if "kept" in entry else "-"
         success = f"{100 * entry['play_success']:.1f}%" if "play_success" in entry else "-"
         first = metrics.get("best_first_rate")
-        first = "-" if first is None else f"{100 * first:.1f}%" + ("" if best_gain == "-" else f" ({best_gain})")
+        first = "-" if first is None else f"{100 * first:.1f}%{best_gain}"
         actions = (f"{metrics['mean_actions'] / metrics['mean_turns']:.2f}"
                    if metrics.get("mean_turns") and "mean_actions" in metrics else "-")
         times = " / ".join(_minutes(entry.get(f"{stage}_seconds")) for stage in ("play", "sft", "eval"))
