@@ -86,4 +86,8 @@ def test_the_tables_show_the_best_first_rate_only_where_it_was_measured():
     assert "best first action" not in dict(metric_rows(metrics))
     metrics["best_first_rate"] = 0.375
     assert dict(metric_rows(metrics))["best first action"] == "37.5%"
+    assert "valid first action" not in dict(metric_rows(metrics))  # metrics written before it
+    metrics.update(first_valid_rate=0.5, best_first_of_valid_rate=0.75)
+    rows = dict(metric_rows(metrics))
+    assert rows["valid first action"] == "50.0%" and rows["best first action, of the valid ones"] == "75.0%"
 

@@ -191,6 +191,29 @@ def test_best_follow_rate_counts_second_actions_after_a_best_first_one():
     assert "best_follow_rate" not in summarize([Trajectory("sokoban", {}, 0, 0, 0, "base", alone)])
 
 
+def test_first_valid_rate_splits_refused_moves_from_legal_ones_chosen_badly():
+    from types import SimpleNamespace
+
+    from spa.agent.rollout import Trajectory
+    from spa.eval.metrics import summarize
+
+    def turn(best_first, valid):
+        return SimpleNamespace(best_first=best_first, best_run=None, reward=0.0, actions_valid=valid,
+                               format_ok=True, response_ids=[])
+
+    # Scored: 6 turns; first action valid in 4 (the one with no action counts as not valid),
+    # best in 1 of those 4. A valid second action after a refused first does not count.
+    turns = [turn(True, [True]), turn(False, [True, False]), turn(False, [True]), turn(False, [True]),
+             turn(False, [False, True]), turn(False, []), turn(None, [True])]
+    metrics = summarize([Trajectory("sudoku", {}, seed=0, group=0, sample=0, mode="base", turns=turns)])
+    assert metrics["best_first_rate"] == 1 / 6
+    assert metrics["first_valid_rate"] == 4 / 6
+    assert metrics["best_first_of_valid_rate"] == 1 / 4
+    refused = summarize([Trajectory("sudoku", {}, 0, 0, 0, "base", [turn(False, [False])])])
+    assert refused["first_valid_rate"] == 0.0 and "best_first_of_valid_rate" not in refused
+    assert "first_valid_rate" not in summarize([Trajectory("sudoku", {}, 0, 0, 0, "base", [turn(None, [True])])])
+
+
 def test_bootstrap_difference_shares_the_levels_between_the_groups():
     # Identical runs differ by 0 in every replicate: the levels are drawn once for both groups.
     assert bootstrap_difference([[1.0, 0.0, 1.0]], [[1.0, 0.0, 1.0]], resamples=200) == (0.0, 0.0, 0.0)

@@ -107,6 +107,10 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
                                        f"{100 * ended['out_of_turns']:.1f}% out of turns"))
     if "best_first_rate" in metrics:  # absent where no turn was scored (no solver, older metrics)
         rows.append(("best first action", f"{100 * metrics['best_first_rate']:.1f}%"))
+    if "first_valid_rate" in metrics:  # absent from metrics written before it
+        rows.append(("valid first action", f"{100 * metrics['first_valid_rate']:.1f}%"))
+    if "best_first_of_valid_rate" in metrics:
+        rows.append(("best first action, of the valid ones", f"{100 * metrics['best_first_of_valid_rate']:.1f}%"))
     if "best_follow_rate" in metrics:
         rows.append(("best second action, after a best first", f"{100 * metrics['best_follow_rate']:.1f}%"))
     rows.append(("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"))

@@ -93,6 +93,11 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     the turns whose best first action was followed by a second, the share whose second
     action was best too (``Turn.best_run`` >= 2): how much of a multi-action answer
     that a best-first label keeps is itself right, rather than a random follow-up.
+    ``first_valid_rate`` is the share of the scored turns whose first action the
+    environment accepted, and ``best_first_of_valid_rate`` the best-first share among
+    those: it splits a low best-first rate into moves the rules refuse (a clue cell, a
+    wall) and legal moves chosen badly, the latter comparable with random valid actions,
+    whose every move is legal.
 
     World-model accuracy is included when the trajectories were played in
     ``world_model`` mode: exact match and per-cell accuracy of ``<observation>`` against
@@ -131,6 +136,10 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
     scored = [turn.best_first for turn in turns if turn.best_first is not None]
     if scored:
         result["best_first_rate"] = mean(scored)
+        valid_first = [turn for turn in turns if turn.best_first is not None and turn.actions_valid[:1] == [True]]
+        result["first_valid_rate"] = len(valid_first) / len(scored)
+        if valid_first:
+            result["best_first_of_valid_rate"] = mean(turn.best_first for turn in valid_first)
     followed = [turn.best_run >= 2 for turn in turns
                 if turn.best_first and turn.best_run is not None and len(turn.actions_valid) >= 2]
     if followed:
