@@ -108,18 +108,19 @@ def test_each_round_of_each_run_shows_its_play_its_paired_gain_and_its_times(tmp
         {"round": 1, "kept": 1500, "turns": 6000, "play_success": 0.25, "play_seconds": 600.0,
          "sft_seconds": 1200.0, "eval_seconds": 300.0}]))  # round 2 evaluated, its record not yet written
     metrics = tmp_path / "a" / "rl" / "round-1" / "eval" / "metrics.json"
-    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "mean_actions": 3.0, "mean_turns": 2.0}))
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "mean_actions": 3.0, "mean_turns": 2.0,
+                                   "first_valid_rate": 0.4, "best_first_of_valid_rate": 0.25}))
     rows = run_round_table([run, {"name": "ppo", "dir": tmp_path / "ppo", "config": "rl: ppo\n"}]).splitlines()
     assert len(rows) == 2 + 3  # header, rule, rounds 0-2 of run a; the PPO run has none
-    assert rows[2] == "| a | 0 | - | - | 50.0 [40.0, 60.0] | - | - | 0.0% | - | - / - / 2 |"
+    assert rows[2] == "| a | 0 | - | - | 50.0 [40.0, 60.0] | - | - | 0.0% | - | - | - / - / 2 |"
     # Level by level, round 1 minus round 0: 0 -> 1/2, 1/2 -> 1/2, 1 -> 1 (one level up, none down).
     gain = paired_difference({1: [False, False], 2: [True, False], 3: [True, True]},
                              {1: [True, False], 2: [True, False], 3: [True, True]})
     assert gain.difference == 1 / 6 and (gain.improved, gain.worsened) == (1, 0)
     expected = signed_pct_with_interval(gain.difference, gain.difference_ci95)
-    assert rows[3] == f"| a | 1 | 1,500 / 6,000 | 25.0% | 66.7 [56.7, 76.7] | {expected} | 1 / 0 | 10.0% | 1.50 | 10 / 20 / 5 |"
+    assert rows[3] == f"| a | 1 | 1,500 / 6,000 | 25.0% | 66.7 [56.7, 76.7] | {expected} | 1 / 0 | 10.0% | 40.0% (25.0%) | 1.50 | 10 / 20 / 5 |"
     assert rows[4].startswith("| a | 2 | - | - | 100.0 [90.0, 110.0] | +33.3 [")
-    assert rows[4].endswith(" | 2 / 0 | 20.0% | - | - / - / - |")
+    assert rows[4].endswith(" | 2 / 0 | 20.0% | - | - | - / - / - |")  # metrics from before the legal share
     assert run_round_table([{"name": "ppo", "dir": tmp_path / "ppo", "config": "rl: ppo\n"}]) is None
 
 
