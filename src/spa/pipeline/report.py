@@ -326,8 +326,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "Pass@1 gain over the round before on the same levels, in points, with the levels whose "
                      "Pass@1 rose and fell (`spa paired`); legal first action: the turns whose first action "
                      "the rules accepted, with the best-first share of those in brackets; actions a turn: mean "
-                     "actions over mean turns of the evaluation. Round 0 is the model RL starts from; its evaluation minutes are that "
-                     "evaluation's.")
+                     "actions over mean turns of the evaluation. Round 0 is the model RL starts from; its "
+                     "evaluation minutes are that evaluation's.")
     text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)

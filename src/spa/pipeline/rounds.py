@@ -173,8 +173,8 @@ def run_round_table(runs: list[dict]) -> str | None:
     if not rows:
         return None
     return "\n".join(["| run | round | turns kept / played | play success | Pass@1 | gain over the round before "
-                      "(paired) | levels up / down | best first action | legal first action (best of them) | actions a turn "
-                      "| play / SFT / eval (min) |",
+                      "(paired) | levels up / down | best first action | legal first action (best of them) "
+                      "| actions a turn | play / SFT / eval (min) |",
                       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
 
 
