@@ -89,6 +89,12 @@ def write_outputs(out_dir: str | Path | None, trajectories, metrics: dict) -> No
     atomic_write_text(out / "report.md", markdown_report(metrics))
 
 
+#: Per-turn rates of ``summarize`` and their names in the tables, in the tables' order.
+_TURN_RATES = (("best_first_rate", "best first action"), ("first_valid_rate", "valid first action"),
+               ("best_first_of_valid_rate", "best first action, of the valid ones"),
+               ("best_follow_rate", "best second action, after a best first"))
+
+
 def metric_rows(metrics: dict) -> list[tuple[str, str]]:
     """``(name, formatted value)`` rows shared by the terminal table and the report."""
     rows = [("success rate (Pass@1)", f"{100 * metrics['success_rate']:.1f}%")]
@@ -105,14 +111,8 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
         ended = metrics["ended"]
         rows.append(("episodes ended", f"{100 * ended['success']:.1f}% success, {100 * ended['lost']:.1f}% lost, "
                                        f"{100 * ended['out_of_turns']:.1f}% out of turns"))
-    if "best_first_rate" in metrics:  # absent where no turn was scored (no solver, older metrics)
-        rows.append(("best first action", f"{100 * metrics['best_first_rate']:.1f}%"))
-    if "first_valid_rate" in metrics:  # absent from metrics written before it
-        rows.append(("valid first action", f"{100 * metrics['first_valid_rate']:.1f}%"))
-    if "best_first_of_valid_rate" in metrics:
-        rows.append(("best first action, of the valid ones", f"{100 * metrics['best_first_of_valid_rate']:.1f}%"))
-    if "best_follow_rate" in metrics:
-        rows.append(("best second action, after a best first", f"{100 * metrics['best_follow_rate']:.1f}%"))
+    # Absent where no turn was scored (no solver) and from metrics written before they existed.
+    rows += [(name, f"{100 * metrics[key]:.1f}%") for key, name in _TURN_RATES if key in metrics]
     rows.append(("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"))
     for name, value in metrics.get("world_model", {}).items():
         rows.append((name.replace("_", " "), f"{100 * value:.1f}%"))

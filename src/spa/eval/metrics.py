@@ -133,10 +133,10 @@ def summarize(trajectories, ks: tuple[int, ...] = (1, 2, 4, 8), intervals: bool 
                   "lost": mean(t.terminated and not t.success for t in trajectories),
                   "out_of_turns": mean(not (t.terminated or t.success) for t in trajectories)},
     }
-    scored = [turn.best_first for turn in turns if turn.best_first is not None]
+    scored = [turn for turn in turns if turn.best_first is not None]
     if scored:
-        result["best_first_rate"] = mean(scored)
-        valid_first = [turn for turn in turns if turn.best_first is not None and turn.actions_valid[:1] == [True]]
+        result["best_first_rate"] = mean(turn.best_first for turn in scored)
+        valid_first = [turn for turn in scored if turn.actions_valid[:1] == [True]]
         result["first_valid_rate"] = len(valid_first) / len(scored)
         if valid_first:
             result["best_first_of_valid_rate"] = mean(turn.best_first for turn in valid_first)
