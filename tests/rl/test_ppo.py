@@ -15,8 +15,9 @@ from spa.rl import core
 from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
                           pad_responses, place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
 from spa.rl.critic import Critic
-from spa.rl.ppo import (PPOConfig, compute_advantages, group_spread, local_table, resume_point, top_groups, train,
-                        update_actor, whiten_advantages)
+from spa.rl.advantages import compute_advantages, whiten_advantages
+from spa.rl.minibatches import group_spread, local_table, top_groups
+from spa.rl.ppo import PPOConfig, resume_point, train, update_actor
 from spa.rl.logger import read_metrics
 from tests.scripted import ScriptedEngine, wm
 

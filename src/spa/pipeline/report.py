@@ -324,7 +324,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "Per round of each run: the turns its play kept (by the run's label) of those played, and "
                      "the play's episode success; Pass@1 in % with its 95% interval over levels; the paired "
                      "Pass@1 gain over the round before on the same levels, in points, with the levels whose "
-                     "Pass@1 rose and fell (`spa paired`); legal first action: the turns whose first action "
+                     "Pass@1 rose and fell (`spa paired`); valid first action: the turns whose first action "
                      "the rules accepted, with the best-first share of those in brackets; actions a turn: mean "
                      "actions over mean turns of the evaluation. Round 0 is the model RL starts from; its "
                      "evaluation minutes are that evaluation's.")

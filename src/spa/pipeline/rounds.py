@@ -112,13 +112,13 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.0f}"
 
 
-def _legal_first(metrics: dict) -> str:
+def _valid_first(metrics: dict) -> str:
     """``35.8% (22.3%)``: the first actions the rules accepted, and the best among them;
     ``-`` for metrics written before they were measured."""
-    legal, best = metrics.get("first_valid_rate"), metrics.get("best_first_of_valid_rate")
-    if legal is None:
+    valid, best = metrics.get("first_valid_rate"), metrics.get("best_first_of_valid_rate")
+    if valid is None:
         return "-"
-    return f"{100 * legal:.1f}%" + ("" if best is None else f" ({100 * best:.1f}%)")
+    return f"{100 * valid:.1f}%" + ("" if best is None else f" ({100 * best:.1f}%)")
 
 
 def run_round_rows(run: dict) -> list[str]:
@@ -149,13 +149,13 @@ def run_round_rows(run: dict) -> list[str]:
         success = f"{100 * entry['play_success']:.1f}%" if "play_success" in entry else "-"
         first = metrics.get("best_first_rate")
         first = "-" if first is None else f"{100 * first:.1f}%{best_gain}"
-        legal = _legal_first(metrics)
+        valid = _valid_first(metrics)
         actions = (f"{metrics['mean_actions'] / metrics['mean_turns']:.2f}"
                    if metrics.get("mean_turns") and "mean_actions" in metrics else "-")
         times = " / ".join(_minutes(entry.get(f"{stage}_seconds")) for stage in ("play", "sft", "eval"))
         pass1 = pct_with_interval(metrics["pass_at_k"]["pass@1"], (metrics.get("pass_at_k_ci95") or {}).get("pass@1"))
         rows.append(f"| {run['name']} | {r} | {kept} | {success} | {pass1} | {gain} | {moved} | "
-                    f"{first} | {legal} | {actions} | {times} |")
+                    f"{first} | {valid} | {actions} | {times} |")
         before, before_best = outcomes, best
     return rows
 
@@ -166,14 +166,14 @@ def run_round_table(runs: list[dict]) -> str | None:
     Pass@1 gain over the round before on the same levels (:func:`spa.eval.paired.paired_difference`)
     with the levels that rose and fell, the best-first-action rate (with its paired gain
     over the round before, :func:`spa.eval.paired.paired_rate_difference`, where both
-    evaluations kept their turns' scores), the legal first actions with the best-first share
+    evaluations kept their turns' scores), the valid first actions with the best-first share
     of them (:func:`spa.eval.metrics.summarize`), actions a turn, and the round's play, SFT
     and evaluation minutes; None when no run has rounds."""
     rows = [row for run in runs for row in run_round_rows(run)]
     if not rows:
         return None
     return "\n".join(["| run | round | turns kept / played | play success | Pass@1 | gain over the round before "
-                      "(paired) | levels up / down | best first action | legal first action (best of them) "
+                      "(paired) | levels up / down | best first action | valid first action (best of them) "
                       "| actions a turn | play / SFT / eval (min) |",
                       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
 

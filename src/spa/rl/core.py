@@ -247,7 +247,7 @@ def key_means(sums: Tensor, counts: Tensor, keys: Tensor, num_keys: int) -> Tens
     total push zero, so a token-mean step no longer moves the share of first actions as a
     whole (the part of the gradient any state-blind policy would follow) and keeps what
     tells the states apart: in this state, this action did better than it does on average.
-    An action-dependent baseline, so a biased policy gradient; see ``center_actions``.
+    An action-dependent baseline, so a biased policy gradient; see ``spa.rl.advantages.center_actions``.
     ``sums``, ``counts``: (N,); ``keys``: (N,) long in ``[0, num_keys)``.
     """
     totals = torch.zeros(num_keys, dtype=torch.float64).index_add_(0, keys, sums.double())

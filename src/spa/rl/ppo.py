@@ -17,7 +17,8 @@ fp32 master weights: with bf16 the first ratio is close to, not exactly, 1; in f
 is 1; ``actor/first_ratio`` shows it). Departures, each a switch: whitened PPO
 advantages (verl's default), flat groups dropped, state text out of the policy loss;
 and, off by default (on in the learn preset), every episode weighing alike in the loss
-(``balance_episodes``).
+(``balance_episodes``). The group filter and the minibatches are in
+:mod:`spa.rl.minibatches`, the step's advantages in :mod:`spa.rl.advantages`.
 
 A run is resumable: ``out/checkpoint`` holds the policy, the critic and both optimizers
 after the last saved step (Ctrl-C or SIGTERM saves the current step's end before stopping,
@@ -38,7 +39,6 @@ process logs global metrics, runs the evaluations and writes the checkpoints.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -57,10 +57,12 @@ from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
-from spa.rl.batch import (REWARD_PLACEMENTS, Sample, balance_episodes, collate, critic_advantages,
-                          group_advantages, loss_masks, pad_responses, policy_forward, turn_samples)
+from spa.rl.advantages import compute_advantages
+from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, loss_masks, on_device, pad_responses, policy_forward,
+                          turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
+from spa.rl.minibatches import Entry, group_spread, loss_units, minibatches, sample_table, top_groups
 
 ALGORITHMS = ("ppo", "grpo")
 ESTIMATORS = {"ppo": ("gae", "turn_gae"), "grpo": ("grpo", "grpo_no_std")}
@@ -173,90 +175,6 @@ class PPOConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
 
 
-def group_spread(trajectories: list[Trajectory]) -> dict[int, float]:
-    """The reward std of each group: how much its samples disagree."""
-    groups: dict[int, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group, []).append(t)
-    return {g: float(np.std([t.total_reward for t in ts])) for g, ts in groups.items()}
-
-
-#: A group whose reward std is at most this is flat: its samples all scored the same.
-FLAT_SPREAD = 1e-8
-
-
-def top_groups(spread: dict[int, float], fraction: float, drop_flat: bool = True) -> set[int]:
-    """The ``ceil(fraction x groups)`` groups with the highest spread (ties: lower id first).
-
-    With ``drop_flat`` the flat groups (spread <= FLAT_SPREAD) are then left out, so fewer
-    may be kept, or none (an empty set). The count is of all groups: with 32 groups and
-    fraction 0.25, four informative groups are all kept (a fraction of the informative
-    ones would keep one and waste the others' signal).
-    """
-    n = max(1, math.ceil(fraction * len(spread)))
-    top = sorted(spread, key=lambda g: (-spread[g], g))[:n]
-    return {g for g in top if spread[g] > FLAT_SPREAD or not drop_flat}
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One training turn of the step, as every process knows it (see :func:`sample_table`)."""
-
-    key: tuple[int, int, int]  # (group, sample, turn): the single-process order
-    units: int  # what the aggregation averages over (see _units)
-    tokens: int  # prompt + response tokens
-    rank: int  # the process that holds the Sample
-    index: int  # its index in that process's samples
-
-
-def sample_table(samples: list[Sample], kept: list[Trajectory], aggregation: str) -> list[Entry]:
-    """Every process's training turns, in the order one process would have them.
-
-    A single process orders the turns by (group, sample, turn); the table restores that
-    order over all processes, so the minibatches drawn from it are the single-process
-    minibatches, and each process knows every minibatch's global weight.
-    """
-    rank = distributed.world()[0]
-    mine = [Entry((kept[s.episode].group, kept[s.episode].sample, s.turn), _units([s], aggregation), len(s.ids),
-                  rank, i) for i, s in enumerate(samples)]
-    return sorted(distributed.gather(mine), key=lambda e: e.key)
-
-
-def local_table(samples: list[Sample], aggregation: str) -> list[Entry]:
-    """The table of a single process holding every sample, in the samples' order
-    (for callers whose samples are not turns of trajectories, e.g. RWML's predictions)."""
-    return [Entry((s.episode, s.turn, 0), _units([s], aggregation), len(s.ids), 0, i) for i, s in enumerate(samples)]
-
-
-def _minibatches(samples: list[Sample], table: list[Entry], config: PPOConfig, rng: np.random.Generator):
-    """Shuffled minibatches for ``ppo_epochs`` passes: this process's micro-batches of each,
-    and the minibatch's global units (every process, so the weighting is global).
-
-    Every process draws the same permutation of the global table and yields the same
-    number of minibatches, possibly with no micro-batch of its own.
-    """
-    rank = distributed.world()[0]
-    for _ in range(config.ppo_epochs):
-        order = rng.permutation(len(table))
-        for lo in range(0, len(order), config.minibatch_size):
-            entries = [table[i] for i in order[lo: lo + config.minibatch_size]]
-            mb = [samples[e.index] for e in entries if e.rank == rank]
-            total = sum(e.units for e in entries)
-            yield [mb[j: j + config.micro_batch_size] for j in range(0, len(mb), config.micro_batch_size)], total
-
-
-def _units(samples: list[Sample], aggregation: str) -> int:
-    """What the aggregation averages over: policy-loss tokens for token-mean, sequences
-    otherwise. Weighting each micro-batch by its share makes accumulation equal one big batch."""
-    return sum(s.loss_tokens for s in samples) if aggregation == "token-mean" else len(samples)
-
-
-def _on_device(tensors, model) -> list[torch.Tensor]:
-    """Tensors on the model's device (a no-op on CPU)."""
-    device = next(model.parameters()).device
-    return [t.to(device) for t in tensors]
-
-
 def warmup_factor(done: int, warmup_steps: int) -> float:
     """The share of the learning rate for the optimizer step after ``done`` steps: it rises
     linearly, ``(done + 1) / warmup_steps``, to 1 at step ``warmup_steps`` (1 when 0)."""
@@ -297,12 +215,12 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     totals: dict[str, float] = {}
     first: dict[str, float] = {}
     count, first_count, norms = 0, 0, []
-    for index, (micro_batches, total) in enumerate(_minibatches(samples, table, config, rng)):
+    for index, (micro_batches, total) in enumerate(minibatches(samples, table, config, rng)):
         for mb in micro_batches:
-            batch = _on_device(collate(mb, pad_id), policy)
+            batch = on_device(collate(mb, pad_id), policy)
             with autocast:
                 logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
-            old, adv, in_loss = _on_device([pad_responses([s.old_logprobs for s in mb])[0],
+            old, adv, in_loss = on_device([pad_responses([s.old_logprobs for s in mb])[0],
                                             pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
             mask = mask & in_loss
             pg_loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
@@ -317,7 +235,7 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
                 kl_loss = config.kl_coef * kl
                 stats["kl_ref"] = kl.item()
             loss = pg_loss + entropy_loss + kl_loss
-            (loss * _units(mb, config.aggregation) / total).backward()
+            (loss * loss_units(mb, config.aggregation) / total).backward()
             stats.update(policy_loss=pg_loss.item(), entropy_loss=entropy_loss.item(), kl_loss=kl_loss.item(),
                          loss=loss.item(), entropy=ent.item())
             n = int(mask.sum())
@@ -344,14 +262,14 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[
     params = [p for p in critic.parameters() if p.requires_grad]
     critic.train()
     totals, count = {"value_loss": 0.0, "vf_clipfrac": 0.0}, 0
-    for micro_batches, total in _minibatches(samples, table, config, rng):
+    for micro_batches, total in minibatches(samples, table, config, rng):
         for mb in micro_batches:
             with autocast:
-                values, mask = critic(*_on_device(collate(mb, pad_id), critic))
-            old, returns = _on_device([pad_responses([s.old_values for s in mb])[0],
+                values, mask = critic(*on_device(collate(mb, pad_id), critic))
+            old, returns = on_device([pad_responses([s.old_values for s in mb])[0],
                                        pad_responses([s.returns for s in mb])[0]], critic)
             loss, stats = core.value_loss(values, old, returns, mask, config.value_clip, config.aggregation)
-            (loss * _units(mb, config.aggregation) / total).backward()
+            (loss * loss_units(mb, config.aggregation) / total).backward()
             n = int(mask.sum())
             totals["value_loss"] += loss.item() * n
             totals["vf_clipfrac"] += stats["vf_clipfrac"] * n
@@ -359,111 +277,6 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[
         _optimizer_step(params, optimizer, config.max_grad_norm, config.critic_lr, config.warmup_steps)
     totals, count = distributed.sum_stats(totals, count)
     return {f"critic/{k}": v / max(count, 1) for k, v in totals.items()}
-
-
-def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Critic | None, config: PPOConfig,
-                       pad_id: int, autocast) -> dict:
-    """Fill the samples' advantages (and, with a critic, old values and returns).
-
-    Local to each process: GAE runs along one episode, GRPO normalises within one group,
-    and both live whole on one process. With a critic, the advantages are then whitened
-    over the step (``whiten_advantages``; the moments are global), and the explained
-    variance over all processes' turns is returned.
-    """
-    if critic is None:
-        if samples:
-            group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
-        if config.balance_episodes:
-            _balance(samples)
-        _finish(samples, kept, config)
-        return {}
-    critic.eval()
-    step = config.micro_batch_size
-    with autocast:
-        values = critic.values(_on_device(collate(samples[i: i + step], pad_id), critic)
-                               for i in range(0, len(samples), step))
-    for s, v in zip(samples, values):
-        s.old_values = v.float().cpu()
-    if samples:
-        critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
-    if config.balance_episodes:
-        _balance(samples)
-    if config.whiten_advantages:
-        whiten_advantages(samples)
-    _finish(samples, kept, config)
-    v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
-    r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
-    return {"critic/explained_variance": core.explained_variance(v, r, mask)}
-
-
-def _finish(samples: list[Sample], kept: list[Trajectory], config: PPOConfig) -> None:
-    """The last touches to the advantages, after any balancing and whitening: the action
-    centring, then the negative weight (last, so that 0 leaves no push down at all).
-    Every process must call it."""
-    if config.center_actions:
-        center_actions(samples, kept)
-    if config.negative_weight != 1.0:
-        for s in samples:
-            s.advantages = core.weigh_negatives(s.advantages, config.negative_weight)
-
-
-def center_actions(samples: list[Sample], trajectories: list[Trajectory]) -> None:
-    """Shift each sample's advantages by minus :func:`spa.rl.core.key_means` of its turn's
-    first action, over the samples of every process, in place. ``trajectories`` are those
-    the samples index (``Sample.episode``); a turn with no action keeps its advantages.
-    Every process must call it."""
-    keys = [_first_action(trajectories[s.episode].turns[s.turn]) for s in samples]
-    local = [(k, _loss_sum(s), float(s.loss_tokens)) for s, k in zip(samples, keys) if k is not None]
-    everyone = distributed.gather(local)
-    if not everyone:
-        return
-    names = sorted({k for k, _, _ in everyone})
-    index = {k: i for i, k in enumerate(names)}
-    means = core.key_means(torch.tensor([v for _, v, _ in everyone]), torch.tensor([n for _, _, n in everyone]),
-                           torch.tensor([index[k] for k, _, _ in everyone]), len(names))
-    for s, k in zip(samples, keys):
-        if k is not None:
-            s.advantages = s.advantages - float(means[index[k]])
-
-
-def _first_action(turn: Turn) -> str | None:
-    return turn.actions[0] if turn.actions else None
-
-
-def _loss_sum(sample: Sample) -> float:
-    adv = sample.advantages if sample.loss_mask is None else sample.advantages[sample.loss_mask]
-    return float(adv.sum())
-
-
-def _balance(samples: list[Sample]) -> None:
-    """:func:`balance_episodes` with the mean tokens per episode over every process's episodes
-    (episodes live whole on one process). Every process must call it."""
-    episodes, tokens = distributed.total(float(len({s.episode for s in samples})),
-                                         float(sum(s.loss_tokens for s in samples)))
-    if samples:
-        balance_episodes(samples, tokens / max(episodes, 1))
-
-
-def whiten_advantages(samples: list[Sample], eps: float = 1e-8) -> None:
-    """Whiten the advantages of the step in place: (A - mean) / sqrt(var + eps), with the
-    mean and the (population) variance over the policy-loss tokens of every process.
-
-    One process gets ``core.masked_whiten`` over its padded (B, R) advantages and loss
-    masks (to float rounding: the moments are summed in float64); several get what one
-    process holding all the samples would (two reductions: the mean, then the squared
-    deviations from it). The tokens outside the loss get the same affine map (never
-    read). The returns (the critic's targets) are not touched. Every process must call
-    it, with or without samples.
-    """
-    adv, _ = pad_responses([s.advantages for s in samples])
-    mask = loss_masks(samples)
-    count, total = distributed.total(float(mask.sum()), float(core.masked_sum(adv, mask)))
-    mean = total / max(count, 1)
-    (squares,) = distributed.total(float(core.masked_sum((adv.double() - mean) ** 2, mask)))
-    var = squares / max(count, 1)
-    for s in samples:
-        s.advantages = core.whiten_with(s.advantages, torch.ones_like(s.advantages, dtype=torch.bool), mean, var,
-                                        eps=eps)
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict:

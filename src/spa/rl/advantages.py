@@ -1,0 +1,129 @@
+"""The step's advantages, from the sampled turns to what the policy loss reads.
+
+Per-episode estimates come from :mod:`spa.rl.batch` (GAE with a critic, group-normalised
+scores for GRPO); this module adds what needs the whole step: episode balancing, whitening
+over every process's policy-loss tokens, the action centring and the weight of negative
+advantages, in that order. Each function here that says so must be called by every
+process, with or without samples, because it reduces over all of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from spa import distributed
+from spa.agent.rollout import Trajectory, Turn
+from spa.rl import core
+from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
+                          on_device, pad_responses)
+from spa.rl.critic import Critic
+
+if TYPE_CHECKING:
+    from spa.rl.ppo import PPOConfig
+
+
+def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Critic | None, config: PPOConfig,
+                       pad_id: int, autocast) -> dict:
+    """Fill the samples' advantages (and, with a critic, old values and returns).
+
+    Local to each process: GAE runs along one episode, GRPO normalises within one group,
+    and both live whole on one process. With a critic, the advantages are then whitened
+    over the step (``whiten_advantages``; the moments are global), and the explained
+    variance over all processes' turns is returned.
+    """
+    if critic is None:
+        if samples:
+            group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
+        if config.balance_episodes:
+            _balance(samples)
+        _finish(samples, kept, config)
+        return {}
+    critic.eval()
+    step = config.micro_batch_size
+    with autocast:
+        values = critic.values(on_device(collate(samples[i: i + step], pad_id), critic)
+                               for i in range(0, len(samples), step))
+    for s, v in zip(samples, values):
+        s.old_values = v.float().cpu()
+    if samples:
+        critic_advantages(samples, kept, config.advantage, config.reward, config.gamma, config.lam)
+    if config.balance_episodes:
+        _balance(samples)
+    if config.whiten_advantages:
+        whiten_advantages(samples)
+    _finish(samples, kept, config)
+    v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
+    r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
+    return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
+def _finish(samples: list[Sample], kept: list[Trajectory], config: PPOConfig) -> None:
+    """The last touches to the advantages, after any balancing and whitening: the action
+    centring, then the negative weight (last, so that 0 leaves no push down at all).
+    Every process must call it."""
+    if config.center_actions:
+        center_actions(samples, kept)
+    if config.negative_weight != 1.0:
+        for s in samples:
+            s.advantages = core.weigh_negatives(s.advantages, config.negative_weight)
+
+
+def center_actions(samples: list[Sample], trajectories: list[Trajectory]) -> None:
+    """Shift each sample's advantages by minus :func:`spa.rl.core.key_means` of its turn's
+    first action, over the samples of every process, in place. ``trajectories`` are those
+    the samples index (``Sample.episode``); a turn with no action keeps its advantages.
+    Every process must call it."""
+    keys = [_first_action(trajectories[s.episode].turns[s.turn]) for s in samples]
+    local = [(k, _loss_sum(s), float(s.loss_tokens)) for s, k in zip(samples, keys) if k is not None]
+    everyone = distributed.gather(local)
+    if not everyone:
+        return
+    names = sorted({k for k, _, _ in everyone})
+    index = {k: i for i, k in enumerate(names)}
+    means = core.key_means(torch.tensor([v for _, v, _ in everyone]), torch.tensor([n for _, _, n in everyone]),
+                           torch.tensor([index[k] for k, _, _ in everyone]), len(names))
+    for s, k in zip(samples, keys):
+        if k is not None:
+            s.advantages = s.advantages - float(means[index[k]])
+
+
+def _first_action(turn: Turn) -> str | None:
+    return turn.actions[0] if turn.actions else None
+
+
+def _loss_sum(sample: Sample) -> float:
+    adv = sample.advantages if sample.loss_mask is None else sample.advantages[sample.loss_mask]
+    return float(adv.sum())
+
+
+def _balance(samples: list[Sample]) -> None:
+    """:func:`balance_episodes` with the mean tokens per episode over every process's episodes
+    (episodes live whole on one process). Every process must call it."""
+    episodes, tokens = distributed.total(float(len({s.episode for s in samples})),
+                                         float(sum(s.loss_tokens for s in samples)))
+    if samples:
+        balance_episodes(samples, tokens / max(episodes, 1))
+
+
+def whiten_advantages(samples: list[Sample], eps: float = 1e-8) -> None:
+    """Whiten the advantages of the step in place: (A - mean) / sqrt(var + eps), with the
+    mean and the (population) variance over the policy-loss tokens of every process.
+
+    One process gets ``core.masked_whiten`` over its padded (B, R) advantages and loss
+    masks (to float rounding: the moments are summed in float64); several get what one
+    process holding all the samples would (two reductions: the mean, then the squared
+    deviations from it). The tokens outside the loss get the same affine map (never
+    read). The returns (the critic's targets) are not touched. Every process must call
+    it, with or without samples.
+    """
+    adv, _ = pad_responses([s.advantages for s in samples])
+    mask = loss_masks(samples)
+    count, total = distributed.total(float(mask.sum()), float(core.masked_sum(adv, mask)))
+    mean = total / max(count, 1)
+    (squares,) = distributed.total(float(core.masked_sum((adv.double() - mean) ** 2, mask)))
+    var = squares / max(count, 1)
+    for s in samples:
+        s.advantages = core.whiten_with(s.advantages, torch.ones_like(s.advantages, dtype=torch.bool), mean, var,
+                                        eps=eps)
