@@ -52,6 +52,7 @@ def iterate(
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
     from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.models.device import model_device
     from spa.io import drop_trainer_states
     from spa.rl.expert_iteration import IterateConfig, describe_round, run
 
@@ -67,7 +68,7 @@ def iterate(
 
     def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
         return evaluate(lm, tokenizer, eval_config, folder, model_name=model, label=f"{folder.parent.name} eval",
-                        dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device).decode_dtype)
+                        dtype=precision.resolve(config.sft.precision, model_device(lm)).decode_dtype)
 
     def report(record: dict) -> None:
         console.print(describe_round(record))

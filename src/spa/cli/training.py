@@ -147,6 +147,7 @@ def ppo(
     from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.models.device import model_device
     from spa.rl.ppo import PPOConfig, train
 
     make_env(env, option)
@@ -158,7 +159,7 @@ def ppo(
     checkpoint, lm, tokenizer = load_for_training(model, out, resume)
     eval_config = EvalConfig(env, parse_options(option), prompt, eval_envs, eval_samples,
                              max_new_tokens=config.max_new_tokens)
-    compute = precision.resolve(config.precision, next(lm.parameters()).device)
+    compute = precision.resolve(config.precision, model_device(lm))
 
     def evaluate_fn(policy, step: int) -> dict:
         return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,

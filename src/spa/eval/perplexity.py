@@ -26,6 +26,7 @@ from spa.agent.prompts import PromptConfig, build_messages
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
 from spa.envs.base import TextEnv
+from spa.models.device import model_device
 from spa.models.kv import cache_arg, returned_cache
 from spa.worldmodel.tokenize import encode_with_mask
 
@@ -66,7 +67,7 @@ def state_perplexity(model, tokenizer, envs: list[TextEnv], structured: bool) ->
     # token's predecessor, whose output predicts that token (grids often share a first row).
     first_scored = min(scored.index(True) for _, scored in examples)
     shared = min(_common_prefix([ids for ids, _ in examples]), first_scored) - 1
-    device = next(model.parameters()).device
+    device = model_device(model)
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     cache = returned_cache(decoder(input_ids=torch.tensor([examples[0][0][:shared]], device=device),
                                    use_cache=True)) if shared > 0 else None

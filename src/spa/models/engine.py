@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from spa.heap import tune_malloc
+from spa.models.device import model_device
 from spa.models.kv import cache_arg, returned_cache
 from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
 
@@ -93,7 +94,7 @@ class Engine:
         self.eos_token_ids: set[int] = _eos_ids(model, tokenizer)
         self.fast_problem = fast_path_problem(model)
         self.fast = self.fast_problem is None
-        if _model_device(model).type == "cpu":
+        if model_device(model).type == "cpu":
             tune_malloc()
 
     def decode_dtype(self) -> torch.dtype:
@@ -113,7 +114,7 @@ class Engine:
             raise ValueError("every prompt needs at least one token")
         if params.max_new_tokens == 0:
             return [Generation([], "", [], "length") for _ in prompts]
-        device = _model_device(self.model)
+        device = model_device(self.model)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device)
@@ -141,7 +142,7 @@ class Engine:
 
     def _run(self, session, n: int, params: SamplingParams, generator, bar) -> list[Generation]:
         """Decode one chunk of ``n`` prompts to the end."""
-        device = _model_device(self.model)
+        device = model_device(self.model)
         stops = _StopChecker(self.tokenizer, params.stop)
         eos = self.eos_token_ids
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -350,7 +351,7 @@ class HFSession:
         self.extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def prefill(self) -> Tensor:
-        device = _model_device(self.model)
+        device = model_device(self.model)
         width = max(len(p) for p in self.prompts)
         ids = torch.full((len(self.prompts), width), self.pad_id, dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
@@ -404,10 +405,6 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
     if isinstance(params.stop, str):
         raise TypeError("stop must be a tuple of strings, not a string")
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _progress_bar(total: int, enabled: bool):

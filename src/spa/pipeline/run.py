@@ -54,6 +54,7 @@ from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import drop_trainer_states, write_json, write_jsonl
 from spa.models import load_model
+from spa.models.device import model_device
 from spa.models.engine import Engine
 from spa.models.loading import resolve_device
 from spa.pipeline.clock import StageClock
@@ -305,7 +306,7 @@ class Run:
                            num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
                            max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
 
-        compute = precision.resolve(config.precision, next(lm.parameters()).device)
+        compute = precision.resolve(config.precision, model_device(lm))
 
         def evaluate_fn(policy, step: int) -> dict:
             return evaluate(policy, tokenizer, probe, out / "eval" / f"step-{step}", progress=False,

@@ -15,9 +15,10 @@ import torch
 
 from spa import distributed
 from spa.agent.rollout import Trajectory, Turn
+from spa.models.device import on_device
 from spa.rl import core
 from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
-                          on_device, pad_responses)
+                          pad_responses)
 from spa.rl.critic import Critic
 
 if TYPE_CHECKING:

@@ -279,9 +279,3 @@ def group_advantages(samples: list[Sample], trajectories: list[Trajectory], norm
     per_episode = core.group_advantages(scores, groups, normalize_std)
     for s in samples:
         s.advantages = torch.full((s.response_length,), float(per_episode[s.episode]))
-
-
-def on_device(tensors, model) -> list[torch.Tensor]:
-    """Tensors on the model's device (a no-op on CPU)."""
-    device = next(model.parameters()).device
-    return [t.to(device) for t in tensors]

@@ -54,11 +54,12 @@ from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
 from spa.eval.metrics import summarize
 from spa.io import TRAINER_STATE, atomic_dir, write_json
+from spa.models.device import model_device, on_device
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core
 from spa.rl.advantages import compute_advantages
-from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, loss_masks, on_device, pad_responses, policy_forward,
+from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, loss_masks, pad_responses, policy_forward,
                           turn_samples)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
@@ -334,7 +335,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     torch.manual_seed(config.seed)
     policy = distributed.place(policy)
     distributed.sync_params(policy)
-    device = next(policy.parameters()).device
+    device = model_device(policy)
     compute = precision_.for_model(config.precision, policy)
     autocast = compute.autocast(device)
     reference = None

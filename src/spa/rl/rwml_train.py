@@ -47,6 +47,7 @@ from spa import precision as precision_
 from spa.eval.metrics import aligned_cells, exact_match, grid_cells
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
+from spa.models.device import model_device
 from spa.models.embedding import SentenceEmbedder
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.progress import Bar
@@ -339,7 +340,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     if not triplets:
         raise ValueError("no triplets to train on: collect more episodes, or use exploration 'random'")
     torch.manual_seed(config.seed)
-    device = next(policy.parameters()).device
+    device = model_device(policy)
     compute = precision_.for_model(config.precision, policy)
     autocast = compute.autocast(device)
     actor = config.actor_config()
@@ -469,7 +470,7 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
             filter_engine, filter_tokenizer = engine, tokenizer
             if config.filter_model:
                 filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype,
-                                                         next(policy.parameters()).device)
+                                                         model_device(policy))
                 filter_engine = Engine(filter_lm, filter_tokenizer)
             predict = sampling_predictor(filter_engine, filter_tokenizer, config.max_new_tokens,
                                          seed=config.seed + 1)

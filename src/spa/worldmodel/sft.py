@@ -44,6 +44,7 @@ from spa import distributed, interrupt
 from spa import precision as precision_
 from spa.eval.metrics import exact_match
 from spa.io import TRAINER_STATE, atomic_dir, write_json
+from spa.models.device import model_device, on_device
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.models.shared_prefix import hidden_states
 from spa.progress import Bar, quiet_hf_bars
@@ -187,7 +188,7 @@ def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: 
     for start in range(0, len(examples), config.batch_size):
         batch = collate(examples[start:start + config.batch_size], tokenizer.pad_token_id)
         with _autocast(model, config):
-            loss, n = masked_lm_loss(model, *_to_device(batch, model))
+            loss, n = masked_lm_loss(model, *on_device(batch, model))
         total, count = total + loss.item(), count + n
     # Next-state prediction: the held-out prompt and response up to <prediction> as the
     # prefix, the model writes the state, compared with the true state after the turn.
@@ -209,13 +210,7 @@ def _precision(model, config: SFTConfig) -> precision_.Precision:
 
 def _autocast(model, config: SFTConfig):
     """Autocast to the compute precision on the model's device (fp32: none)."""
-    return _precision(model, config).autocast(next(model.parameters()).device)
-
-
-def _to_device(batch: tuple[torch.Tensor, ...], model) -> tuple[torch.Tensor, ...]:
-    """The batch on the model's device (a no-op on CPU; a GPU process trains on its GPU)."""
-    device = next(model.parameters()).device
-    return tuple(t.to(device) for t in batch)
+    return _precision(model, config).autocast(model_device(model))
 
 
 def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict],
@@ -389,7 +384,7 @@ def _accumulate(model, train_set: list[TokenizedExample], step_batches: list[lis
     targets = sum(targets_of[i] for b in step_batches for i in b)
     done = []
     for b in distributed.shard(step_batches):
-        ids, attention, mask = _to_device(collate([train_set[i] for i in b], pad_id), model)
+        ids, attention, mask = on_device(collate([train_set[i] for i in b], pad_id), model)
         with _autocast(model, config):
             loss, n = masked_lm_loss(model, ids, attention, mask)
         (loss / max(targets, 1)).backward()
