@@ -52,8 +52,8 @@ def iterate(
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
     from spa.eval.evaluate import EvalConfig, evaluate
-    from spa.models.device import model_device
     from spa.io import drop_trainer_states
+    from spa.models.device import model_device
     from spa.rl.expert_iteration import IterateConfig, describe_round, run
 
     make_env(env, option)

@@ -46,6 +46,7 @@ from spa.config import to_dict
 from spa.eval.metrics import pct_with_interval
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
+from spa.models.device import model_device
 from spa.models.engine import Engine
 from spa.progress import turn_progress
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
@@ -160,8 +161,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     if stats_path.is_file():  # written after the data, so both are complete
         return json.loads(stats_path.read_text(encoding="utf-8"))
     lm, tokenizer = load(model)
-    engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, next(lm.parameters()).device)
-                    .decode_dtype)
+    engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, model_device(lm)).decode_dtype)
     log = TurnLog(data.with_name(PLAY_PARTIAL))  # an interrupted play resumes from its last finished turn
     with turn_progress(f"{data.parent.name} play", play.max_turns) as on_turn, log:  # minutes: a line a minute in a log
         trajectories = collect(engine, tokenizer, play, on_turn=on_turn, log=log)
