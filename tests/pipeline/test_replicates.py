@@ -173,3 +173,10 @@ def test_a_group_is_named_by_its_overrides_of_the_largest_group_of_its_method_an
     rows = group_table(groups, resamples=10).splitlines()
     assert rows[0].startswith("| group | method | env | variant | mode |")
     assert rows[2].startswith("| G1 | spa | sokoban | sft.mask_states=true | - |")
+
+
+def test_filling_an_empty_options_mapping_is_named_by_its_keys_alone():
+    core = [run("s0"), run("s1", seed=1)]
+    sized = {**run("sized"), "config": run("sized")["config"].replace("options: {}", "options: {size: 8}")}
+    groups = group_runs([{**r, "evals": {}} for r in (*core, sized)])
+    assert variants(groups) == ["-", "env.options.size=8"]

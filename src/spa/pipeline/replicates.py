@@ -328,7 +328,10 @@ def variants(groups: list[list[dict]]) -> list[str]:
     for kind, recipe in zip(kinds, recipes):
         peers = [i for i, other in enumerate(kinds) if other == kind]
         reference = recipes[max(peers, key=lambda i: len(groups[i]))]  # max keeps the first on a tie
-        keys = sorted(key for key in recipe.keys() | reference.keys() if recipe.get(key) != reference.get(key))
+        # An empty mapping flattens to one key (``env.options: {}``) that a filled one lacks
+        # (``env.options.size``): absent there, not a difference of its own.
+        keys = sorted(key for key in recipe.keys() | reference.keys()
+                      if recipe.get(key, {}) != reference.get(key, {}))
         labels.append(", ".join(f"{key}={_shown(recipe.get(key))}" for key in keys) or "-")
     return labels
 
