@@ -178,5 +178,6 @@ def test_a_group_is_named_by_its_overrides_of_the_largest_group_of_its_method_an
 def test_filling_an_empty_options_mapping_is_named_by_its_keys_alone():
     core = [run("s0"), run("s1", seed=1)]
     sized = {**run("sized"), "config": run("sized")["config"].replace("options: {}", "options: {size: 8}")}
-    groups = group_runs([{**r, "evals": {}} for r in (*core, sized)])
-    assert variants(groups) == ["-", "env.options.size=8"]
+    unset = {**run("unset"), "config": run("unset")["config"].replace("options: {}", "options: null")}
+    groups = group_runs([{**r, "evals": {}} for r in (*core, sized, unset)])
+    assert variants(groups) == ["-", "env.options.size=8", "-"]

@@ -311,6 +311,11 @@ def _shown(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _set(value):
+    """``value``, with an empty mapping read as unset (None)."""
+    return None if value == {} else value
+
+
 def cut(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters, an ellipsis marking the cut: a plot's label."""
     return text if len(text) <= width else text[:width - 1] + "…"
@@ -328,10 +333,10 @@ def variants(groups: list[list[dict]]) -> list[str]:
     for kind, recipe in zip(kinds, recipes):
         peers = [i for i, other in enumerate(kinds) if other == kind]
         reference = recipes[max(peers, key=lambda i: len(groups[i]))]  # max keeps the first on a tie
-        # An empty mapping flattens to one key (``env.options: {}``) that a filled one lacks
-        # (``env.options.size``): absent there, not a difference of its own.
+        # An unset or empty mapping flattens to one key (``env.rl_options: null``) that a
+        # filled one lacks (``env.rl_options.size``): absent there, not a difference of its own.
         keys = sorted(key for key in recipe.keys() | reference.keys()
-                      if recipe.get(key, {}) != reference.get(key, {}))
+                      if _set(recipe.get(key)) != _set(reference.get(key)))
         labels.append(", ".join(f"{key}={_shown(recipe.get(key))}" for key in keys) or "-")
     return labels
 
