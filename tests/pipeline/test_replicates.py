@@ -178,6 +178,12 @@ def test_a_group_is_named_by_its_overrides_of_the_largest_group_of_its_method_an
 def test_filling_an_empty_options_mapping_is_named_by_its_keys_alone():
     core = [run("s0"), run("s1", seed=1)]
     sized = {**run("sized"), "config": run("sized")["config"].replace("options: {}", "options: {size: 8}")}
-    unset = {**run("unset"), "config": run("unset")["config"].replace("options: {}", "options: null")}
-    groups = group_runs([{**r, "evals": {}} for r in (*core, sized, unset)])
-    assert variants(groups) == ["-", "env.options.size=8", "-"]
+    both = {**run("both"),
+            "config": run("both")["config"].replace("options: {}", "options: {size: 8}, rl_options: {size: 6}")}
+    groups = group_runs([{**r, "evals": {}} for r in (*core, sized, both)])
+    assert variants(groups) == ["-", "env.options.size=8", "env.options.size=8, env.rl_options.size=6"]
+
+
+def test_an_empty_mapping_and_an_unset_one_are_one_recipe():
+    unset = {**run("unset", seed=1), "config": run("unset", seed=1)["config"].replace("options: {}", "options: null")}
+    assert [[r["name"] for r in g] for g in group_runs([run("empty"), unset])] == [["empty", "unset"]]

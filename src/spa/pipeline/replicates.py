@@ -55,10 +55,11 @@ def saved_recipe(config_text: str) -> dict:
 
 
 def recipe_key(config_text: str) -> str:
-    """The saved recipe without its seeds and result-neutral keys, as canonical JSON."""
+    """The saved recipe without its seeds and result-neutral keys, as canonical JSON. An
+    empty mapping reads as unset (``env.options: {}`` and ``null`` are one recipe)."""
     flat = _flatten(saved_recipe(config_text))
-    return json.dumps({k: v for k, v in flat.items() if k not in SEED_KEYS + RESULT_NEUTRAL_KEYS}, sort_keys=True,
-                      default=str)
+    return json.dumps({k: None if v == {} else v for k, v in flat.items() if k not in SEED_KEYS + RESULT_NEUTRAL_KEYS},
+                      sort_keys=True, default=str)
 
 
 def seeds_of(config_text: str) -> tuple:
@@ -311,11 +312,6 @@ def _shown(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _set(value):
-    """``value``, with an empty mapping read as unset (None)."""
-    return None if value == {} else value
-
-
 def cut(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters, an ellipsis marking the cut: a plot's label."""
     return text if len(text) <= width else text[:width - 1] + "…"
@@ -333,10 +329,9 @@ def variants(groups: list[list[dict]]) -> list[str]:
     for kind, recipe in zip(kinds, recipes):
         peers = [i for i, other in enumerate(kinds) if other == kind]
         reference = recipes[max(peers, key=lambda i: len(groups[i]))]  # max keeps the first on a tie
-        # An unset or empty mapping flattens to one key (``env.rl_options: null``) that a
-        # filled one lacks (``env.rl_options.size``): absent there, not a difference of its own.
-        keys = sorted(key for key in recipe.keys() | reference.keys()
-                      if _set(recipe.get(key)) != _set(reference.get(key)))
+        # An unset mapping flattens to one key (``env.rl_options: null``) that a filled one
+        # lacks (``env.rl_options.size``): absent there, not a difference of its own.
+        keys = sorted(key for key in recipe.keys() | reference.keys() if recipe.get(key) != reference.get(key))
         labels.append(", ".join(f"{key}={_shown(recipe.get(key))}" for key in keys) or "-")
     return labels
 
