@@ -1,9 +1,11 @@
 """An interrupted rollout resumes from its turn log and ends as the uninterrupted one."""
 
+import copy
 import json
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
@@ -72,7 +74,9 @@ def test_a_log_of_other_settings_or_weights_is_started_afresh(tiny, tmp_path):
     path = tmp_path / "play.partial.jsonl"
     with TurnLog(path) as log, pytest.raises(Interrupt):
         play(tokenizer, model, log=log, on_turn=interrupt_at(2))
-    other = type(model)(model.config)  # other (random) weights
+    other = copy.deepcopy(model)  # other weights: a fresh init could repeat the seeded RNG's draw
+    with torch.no_grad():
+        next(other.parameters()).add_(1.0)
     assert fingerprint(other) != fingerprint(model)
     with TurnLog(path) as log, pytest.warns(UserWarning, match="other settings"):
         engine, _ = play(tokenizer, other, log=log)

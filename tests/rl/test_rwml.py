@@ -5,14 +5,16 @@ import random
 import pytest
 import torch
 
+from spa.agent.prompts import example_turn
 from spa.agent.rollout import Trajectory, Turn
+from spa.envs import make
 from spa.rl.rewards import extract_prediction
 from spa.rl.rwml import (
-    WM_FORMAT,
     Triplet,
     embedding_distances,
     filter_too_easy,
     triplets_from_trajectories,
+    worked_example,
     world_model_messages,
 )
 
@@ -72,7 +74,13 @@ def test_world_model_messages():
     (first, last) = triplets_from_trajectories([episode()], history_turns=1)
     system, user = world_model_messages(last)
     assert system["role"] == "system" and "Sokoban" in system["content"]  # the env's own rules
-    assert WM_FORMAT in system["content"]
+    # The format is shown by a worked example on the example level, not by placeholders
+    # (which the 135M model copies as its answer): a true transition of that level.
+    before, played, after = example_turn(make("sokoban"))
+    assert worked_example(last) in system["content"]
+    assert f"Current state:\n{before}\nActions: {' || '.join(played)}" in system["content"]
+    assert extract_prediction(worked_example(last)) == after != before
+    assert "the state after" not in system["content"]
     text = user["content"]
     assert f"Turn 4. Current state:\n{S[2]}" in text and "Actions: Right" in text
     assert f"Turn 3 state:\n{S[1]}\nActions: Down" in text  # the one kept history turn

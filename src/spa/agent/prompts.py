@@ -104,11 +104,7 @@ def format_example(env: TextEnv, mode: str, actions: int = _EXAMPLE_ACTIONS) -> 
     options always give the same example, so every prompt of a run shares one system
     message (prefilled once).
     """
-    config = _example_config(env.config)
-    key = (type(env), repr(config), actions)  # env configs are mutable dataclasses: no hash
-    if key not in _EXAMPLES:
-        _EXAMPLES[key] = _example_turn(type(env), config, actions)
-    before, played, after = _EXAMPLES[key]
+    before, played, after = example_turn(env, actions)
     joined = f" {ACTION_SEPARATOR} ".join(played)
     reasoning = f"I will play {' then '.join(played)}."
     if check_mode(mode) == "world_model":
@@ -116,6 +112,17 @@ def format_example(env: TextEnv, mode: str, actions: int = _EXAMPLE_ACTIONS) -> 
     else:
         think = reasoning
     return f"<think>{think}</think><answer>{joined}</answer>"
+
+
+def example_turn(env: TextEnv, actions: int = _EXAMPLE_ACTIONS) -> tuple[str, list[str], str]:
+    """(state before, actions, state after) of the example level of ``env``'s class and
+    options, in the state format (grid, then coordinates); cached, so every prompt that
+    shows it (the agent's format example, RWML's worked example) shows the same turn."""
+    config = _example_config(env.config)
+    key = (type(env), repr(config), actions)  # env configs are mutable dataclasses: no hash
+    if key not in _EXAMPLES:
+        _EXAMPLES[key] = _example_turn(type(env), config, actions)
+    return _EXAMPLES[key]
 
 
 def _example_config(config):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from spa.agent.parsing import ACTION_SEPARATOR
+from spa.agent.prompts import example_turn
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
 from spa.io import write_jsonl
@@ -40,9 +41,6 @@ from spa.worldmodel.selfplay import SelfPlayConfig, collect, random_exploration
 if TYPE_CHECKING:
     from spa.rl.rwml_train import RWMLConfig
 
-#: Answer format of the world-model prompt; ``extract_prediction`` reads it.
-WM_FORMAT = ("<think>how each action changes the state</think>"
-             "<prediction>the state after all the actions, grid then coordinates</prediction>")
 
 #: Distance of the default filter (``1 - state_match``) below which a prediction counts
 #: as right: 0.05 forgives a few wrong wall or floor cells (1/72 each in 6x6 Sokoban)
@@ -127,13 +125,30 @@ def _actions_text(actions: list[str]) -> str:
     return f" {ACTION_SEPARATOR} ".join(actions) if actions else "(no valid action)"
 
 
+@lru_cache(maxsize=64)
+def _worked_example(env: str, config_json: str) -> str:
+    before, played, after = example_turn(make(env, **json.loads(config_json)))
+    return (f"Current state:\n{before}\nActions: {_actions_text(played)}\n"
+            f"Answer: <think>I apply {' then '.join(played)}.</think><prediction>{after}</prediction>")
+
+
+def worked_example(triplet: Triplet) -> str:
+    """One complete, correct question and answer on the example level of the triplet's
+    environment (``spa.agent.prompts.example_turn``, a level no run trains or is evaluated
+    on): its state, two actions, and the true next state inside ``<prediction>``, which
+    ``extract_prediction`` reads. A concrete answer rather than a template: SmolLM2-135M
+    copies placeholder text such as "the state after the actions" as its answer, which
+    earns no reward and leaves GRPO without a signal."""
+    return _worked_example(triplet.env, json.dumps(triplet.env_config, sort_keys=True))
+
+
 def world_model_messages(triplet: Triplet, rules: str | None = None) -> list[dict]:
     """Chat messages asking the model to predict ``triplet.next_state``.
 
     System: the environment's rules (``rules``, or the env's own ``rules()``), the
-    world-model role and the answer format ``WM_FORMAT``. User: the kept history, the
-    current state and the actions. The state format is the env's ``state_text()``
-    (grid, then the coordinate line), which the prediction must reproduce.
+    world-model role and the answer format, shown by ``worked_example``. User: the kept
+    history, the current state and the actions. The state format is the env's
+    ``state_text()`` (grid, then the coordinate line), which the prediction must reproduce.
     """
     rules = env_rules(triplet) if rules is None else rules
     system = (
@@ -141,7 +156,8 @@ def world_model_messages(triplet: Triplet, rules: str | None = None) -> list[dic
         "and the actions taken from it, predict the state that results. Actions are "
         "applied in the order given. Write the predicted state in exactly the format of "
         "the current state: the grid, one row per line, then the line of coordinates. "
-        f"Answer in exactly this format:\n{WM_FORMAT}"
+        f"Answer in exactly this format, as in this example (with the states of the "
+        f"question):\n{worked_example(triplet)}"
     )
     parts = []
     if triplet.history:
