@@ -34,6 +34,7 @@ from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import example_turn
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
+from spa.envs.base import TextEnv
 from spa.io import write_jsonl
 from spa.rl.rewards import embedding_distances, state_distance  # noqa: F401 - re-exported
 from spa.worldmodel.selfplay import SelfPlayConfig, collect, random_exploration
@@ -112,24 +113,22 @@ def triplets_from_trajectories(trajectories, history_turns: int | None = 0,
 
 
 @lru_cache(maxsize=64)
-def _rules(env: str, config_json: str) -> str:
-    return make(env, **json.loads(config_json)).rules()
+def _env(name: str, config_json: str) -> TextEnv:
+    return make(name, **json.loads(config_json))
+
+
+def _triplet_env(triplet: Triplet) -> TextEnv:
+    """An environment of the triplet's kind and options, built once per kind (never stepped)."""
+    return _env(triplet.env, json.dumps(triplet.env_config, sort_keys=True))
 
 
 def env_rules(triplet: Triplet) -> str:
     """The rules text of the triplet's environment, as the agent's prompts show it."""
-    return _rules(triplet.env, json.dumps(triplet.env_config, sort_keys=True))
+    return _triplet_env(triplet).rules()
 
 
 def _actions_text(actions: list[str]) -> str:
     return f" {ACTION_SEPARATOR} ".join(actions) if actions else "(no valid action)"
-
-
-@lru_cache(maxsize=64)
-def _worked_example(env: str, config_json: str) -> str:
-    before, played, after = example_turn(make(env, **json.loads(config_json)))
-    return (f"Current state:\n{before}\nActions: {_actions_text(played)}\n"
-            f"Answer: <think>I apply {' then '.join(played)}.</think><prediction>{after}</prediction>")
 
 
 def worked_example(triplet: Triplet) -> str:
@@ -139,7 +138,9 @@ def worked_example(triplet: Triplet) -> str:
     ``extract_prediction`` reads. A concrete answer rather than a template: SmolLM2-135M
     copies placeholder text such as "the state after the actions" as its answer, which
     earns no reward and leaves GRPO without a signal."""
-    return _worked_example(triplet.env, json.dumps(triplet.env_config, sort_keys=True))
+    before, played, after = example_turn(_triplet_env(triplet))  # cached by example_turn
+    return (f"Current state:\n{before}\nActions: {_actions_text(played)}\n"
+            f"Answer: <think>I apply {' then '.join(played)}.</think><prediction>{after}</prediction>")
 
 
 def world_model_messages(triplet: Triplet, rules: str | None = None) -> list[dict]:
