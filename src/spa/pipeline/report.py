@@ -300,7 +300,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                     "groups and each group's seeds independently (`spa.eval.metrics.bootstrap_difference`); "
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
                     "interval too narrow, not too wide; a group of one run (`1 vs`, `vs 1`) puts none of "
-                    "its seed's spread in it, only its levels' (compare the seed spread below).")
+                    "its seed's spread in it, only its levels' (compare the Seed spread section, "
+                    "shown once a recipe has two finished runs).")
     sections = _section("Against plain RL", against, against_note) if against else []
     spread = spread_table(groups)
     if spread:
