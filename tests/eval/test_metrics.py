@@ -231,6 +231,25 @@ def test_bootstrap_difference_against_a_hand_computed_case():
     assert middle[1:] == (0.5, 0.5)  # the 30% and 70% percentiles both fall on the middle half
 
 
+def test_a_seed_sd_stands_in_for_the_seeds_a_group_of_one_run_lacks():
+    # Constant levels: without seed_sd every replicate is the difference itself.
+    one, three = [[0.5, 0.5]], [[0.3, 0.3]] * 3
+    assert bootstrap_difference(one, three, resamples=500) == pytest.approx((0.2, 0.2, 0.2))
+    # With it, one run against three identical ones: 0.2 + N(0, 0.1^2), so 0.2 -+ 1.96 x 0.1.
+    difference, low, high = bootstrap_difference(one, three, resamples=40_000, seed_sd=0.1)
+    assert difference == pytest.approx(0.2)
+    assert (low, high) == pytest.approx((0.2 - 0.196, 0.2 + 0.196), abs=0.005)
+    # Both sides of one run: two independent draws, sd 0.1 x sqrt(2).
+    both = bootstrap_difference(one, [[0.3, 0.3]], resamples=40_000, seed_sd=0.1)
+    assert both[1:] == pytest.approx((0.2 - 0.277, 0.2 + 0.277), abs=0.006)
+    # Groups of two or more runs resample their own seeds, untouched by seed_sd.
+    two = [[0.5, 0.5], [0.7, 0.7]]
+    assert bootstrap_difference(two, three, resamples=500, seed_sd=0.1) == bootstrap_difference(two, three,
+                                                                                                 resamples=500)
+    with pytest.raises(ValueError, match="seed_sd >= 0; got 10, 0.95, -0.1"):
+        bootstrap_difference(one, three, resamples=10, seed_sd=-0.1)
+
+
 def test_bootstrap_difference_needs_runs_on_the_same_levels():
     with pytest.raises(ValueError, match=r"the same levels in every run; got level counts \[2, 3\]"):
         bootstrap_difference([[1.0, 0.0]], [[0.0, 0.0, 1.0]])

@@ -99,6 +99,26 @@ def test_each_group_is_compared_with_plain_rl_on_the_same_levels(tmp_path):
     assert difference_table(group_runs(runs[:1] + [moved]), resamples=50).splitlines()[2].split(" | ")[4] == "-"
 
 
+def test_a_group_of_one_run_borrows_the_seed_spread_of_its_setting(tmp_path):
+    def final(name, method, rate, env="frozenlake"):  # every level the same, eight samples
+        levels = {str(100 + i): [s < 8 * rate for s in range(8)] for i in range(4)}
+        found = evaluated(tmp_path, name, method, env, "iterate", {("eval_final", "base"): levels})
+        found["evals"][("eval_final", "base")] = {"pass_at_k": {"pass@1": rate, "pass@8": float(rate > 0)}}
+        return found
+
+    # Vanilla seeds 0.25 and 0.75: pooled SD 0.354; the one SPA run at 0.5.
+    runs = [final("spa", "spa", 0.5), final("van0", "vanilla", 0.25), final("van1", "vanilla", 0.75),
+            final("sok", "spa", 0.5, env="sokoban"), final("sokvan", "vanilla", 0.25, env="sokoban")]
+    table = difference_table(group_runs(runs), resamples=4000).splitlines()
+    cell = table[2].split(" | ")[4]
+    assert cell.startswith("+0.0 [") and cell.endswith(" (1 vs 2, seed SD 35.4)")
+    low, high = (float(x) for x in cell[len("+0.0 ["):cell.index("]")].split(", "))
+    # The vanilla seeds' resampling alone spans -25..+25; the draw for SPA's seed widens it.
+    assert low < -40 and high > 40
+    # Sokoban has no recipe with two runs: nothing to borrow, its levels' noise only (none here).
+    assert table[3].split(" | ")[4] == "+25.0 [+25.0, +25.0] (1 vs 1)"
+
+
 def finished(method: str, seed: int, final: float | None, env: str = "frozenlake", rl: str = "iterate",
              keep: str = "best") -> dict:
     """A run dict whose final evaluation scored Pass@1 ``final`` (None: not evaluated yet)."""

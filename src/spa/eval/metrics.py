@@ -232,7 +232,8 @@ def bootstrap_interval(per_seed: list[list[float]], resamples: int = 10_000, see
 
 
 def bootstrap_difference(first: list[list[float]], second: list[list[float]], resamples: int = 10_000,
-                         seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+                         seed: int = 0, level: float = 0.95,
+                         seed_sd: float | None = None) -> tuple[float, float, float]:
     """``(difference, low, high)``: the mean over ``first``'s seeds minus the mean over
     ``second``'s (each a mean over levels, as in :func:`bootstrap_interval`), with a
     percentile bootstrap interval.
@@ -245,14 +246,21 @@ def bootstrap_difference(first: list[list[float]], second: list[list[float]], re
     ``(1 + level) / 2`` percentiles of the replicates' differences. With few seeds per
     group the interval is too narrow rather than too wide: three seeds cannot show how far a
     fourth might fall.
+
+    A group of one run has no seeds to resample, so its seed's own luck would be missing
+    from the interval. Given ``seed_sd`` (the standard deviation of a run's mean between
+    seeds of one recipe, e.g. :func:`pooled_sd` over other recipes, in the scores' units),
+    each replicate adds a deviation drawn from ``N(0, seed_sd^2)`` to such a group's mean: a
+    parametric stand-in for the seeds it lacks. Groups of two or more runs are unchanged.
     """
     if not first or not second:
         raise ValueError("bootstrap_difference needs at least one seed in each group")
     counts = {len(levels) for levels in first + second}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"bootstrap_difference needs the same levels in every run; got level counts {sorted(counts)}")
-    if resamples < 1 or not 0 < level < 1:
-        raise ValueError(f"bootstrap_difference needs resamples >= 1 and 0 < level < 1; got {resamples}, {level}")
+    if resamples < 1 or not 0 < level < 1 or (seed_sd is not None and seed_sd < 0):
+        raise ValueError(f"bootstrap_difference needs resamples >= 1, 0 < level < 1 and seed_sd >= 0; "
+                         f"got {resamples}, {level}, {seed_sd}")
     rng = np.random.default_rng(seed)
     a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)  # (seeds, levels)
     levels = rng.integers(a.shape[1], size=(resamples, a.shape[1]))
@@ -260,7 +268,11 @@ def bootstrap_difference(first: list[list[float]], second: list[list[float]], re
     pick_a = rng.integers(len(a), size=(resamples, len(a)))
     pick_b = rng.integers(len(b), size=(resamples, len(b)))
     rows = np.arange(resamples)[:, None]
-    replicates = a_means.T[rows, pick_a].mean(axis=1) - b_means.T[rows, pick_b].mean(axis=1)
+    draws = [a_means.T[rows, pick_a].mean(axis=1), b_means.T[rows, pick_b].mean(axis=1)]
+    for group, draw in zip((a, b), draws):
+        if len(group) == 1 and seed_sd:  # drawn after the rest, so seed_sd=None keeps the old replicates
+            draw += rng.normal(0.0, seed_sd, size=resamples)
+    replicates = draws[0] - draws[1]
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(replicates, [tail, 100 - tail])
     return float(a.mean() - b.mean()), float(low), float(high)

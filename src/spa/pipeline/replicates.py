@@ -221,15 +221,30 @@ def group_levels(group: list[dict], stages: tuple[str, ...], k: int) -> tuple[st
 
 
 def difference_cell(group: list[dict], reference: list[dict], stages: tuple[str, ...], k: int,
-                    resamples: int) -> str:
+                    resamples: int, seed_sd: float | None = None) -> str:
     """Pass@k of one evaluated model, ``group`` minus ``reference`` in points, with the 95%
     interval of :func:`spa.eval.metrics.bootstrap_difference`; ``-`` unless both groups
-    evaluated it on the same levels."""
+    evaluated it on the same levels. ``seed_sd`` (a fraction) stands in for the seed spread
+    of a side with one run; the cell then names it, ``(1 vs 3, seed SD 5.4)``."""
     ours, theirs = group_levels(group, stages, k), group_levels(reference, stages, k)
     if ours is None or theirs is None or ours[0] != theirs[0]:
         return "-"
-    difference, low, high = bootstrap_difference(ours[1], theirs[1], resamples=resamples)
-    return signed_pct_with_interval(difference, (low, high)) + f" ({len(ours[1])} vs {len(theirs[1])})"
+    single = min(len(ours[1]), len(theirs[1])) == 1
+    used = seed_sd if single else None
+    difference, low, high = bootstrap_difference(ours[1], theirs[1], resamples=resamples, seed_sd=used)
+    shown = "" if used is None else f", seed SD {100 * used:.1f}"
+    return signed_pct_with_interval(difference, (low, high)) + f" ({len(ours[1])} vs {len(theirs[1])}{shown})"
+
+
+def replicate_scores(groups: list[list[dict]], stages: tuple[str, ...], k: int) -> dict[tuple, list[list[float]]]:
+    """Pass@k of one evaluated model of each run, for the groups with two or more runs that
+    reached it, collected per RL setting (:func:`_rl_setting`): what a seed spread is pooled over."""
+    settings: dict[tuple, list[list[float]]] = {}
+    for group in groups:
+        scores = [metrics["pass_at_k"][f"pass@{k}"] for _, _, metrics in reached(group, stages, k)]
+        if len(scores) > 1:
+            settings.setdefault(_rl_setting(group[0]), []).append(scores)
+    return settings
 
 
 def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str | None:
@@ -238,13 +253,16 @@ def difference_table(groups: list[list[dict]], resamples: int = 10_000) -> str |
     before RL and Pass@1 / Pass@8 of the final model. None without such pairs."""
     rows = []
     recipes = [(summary(group[0]), _rl_setting(group[0])) for group in groups]  # each saved recipe parsed once
+    columns = ((BEFORE_RL, 1), (("eval_final",), 1), (("eval_final",), 8))
+    spreads = [{setting: pooled_sd(scores)[0] for setting, scores in replicate_scores(groups, stages, k).items()}
+               for stages, k in columns]
     for i, (group, ((method, env), setting)) in enumerate(zip(groups, recipes), 1):
         reference = next((j for j, ((other, _), other_setting) in enumerate(recipes, 1)
                           if j != i and other == "vanilla" and other_setting == setting), None)
         if method == "vanilla" or reference is None:
             continue
-        cells = [difference_cell(group, groups[reference - 1], stages, k, resamples)
-                 for stages, k in ((BEFORE_RL, 1), (("eval_final",), 1), (("eval_final",), 8))]
+        cells = [difference_cell(group, groups[reference - 1], stages, k, resamples, spread.get(setting))
+                 for (stages, k), spread in zip(columns, spreads)]
         rows.append(f"| G{i} ({method}) | G{reference} | {env} | " + " | ".join(cells) + " |")
     if not rows:
         return None
@@ -263,13 +281,9 @@ def spread_table(groups: list[list[dict]]) -> str | None:
     arm it takes to tell two recipes apart by each of ``GAPS``
     (:func:`spa.eval.metrics.runs_per_arm`, 5% two-sided, 80% power). None without such
     groups."""
-    settings: dict[tuple, list[list[float]]] = {}
-    for group in groups:
-        finals = [100 * metrics["pass_at_k"]["pass@1"] for _, _, metrics in reached(group, ("eval_final",), 1)]
-        if len(finals) > 1:
-            settings.setdefault(_rl_setting(group[0]), []).append(finals)
     rows = []
-    for (env, options, rl), finals in settings.items():
+    for (env, options, rl), finals in replicate_scores(groups, ("eval_final",), 1).items():
+        finals = [[100 * score for score in scores] for scores in finals]
         sd, df = pooled_sd(finals)
         seeds = " / ".join(str(runs_per_arm(sd, gap)) for gap in GAPS)
         shown = "" if options == "{}" else f" {options}"

@@ -299,9 +299,11 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                     "on the same levels: a 95% percentile bootstrap interval that draws the levels once for both "
                     "groups and each group's seeds independently (`spa.eval.metrics.bootstrap_difference`); "
                     "`(a vs b)`: the runs of each group that reached that evaluation. Few seeds make the "
-                    "interval too narrow, not too wide; a group of one run (`1 vs`, `vs 1`) puts none of "
-                    "its seed's spread in it, only its levels' (compare the Seed spread section, "
-                    "shown once a recipe has two finished runs).")
+                    "interval too narrow, not too wide. A group of one run (`1 vs`, `vs 1`) has no seeds to "
+                    "resample: where recipes of the same environment and RL stage have two or more runs at "
+                    "that evaluation, their pooled seed SD (`seed SD`, points) adds a normal draw to that "
+                    "group's mean in each replicate, standing in for its seed's luck; without one its "
+                    "interval holds only its levels' noise.")
     sections = _section("Against plain RL", against, against_note) if against else []
     spread = spread_table(groups)
     if spread:
