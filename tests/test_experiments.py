@@ -397,3 +397,33 @@ def test_paired_table_finds_runs_by_name_and_lists_what_is_missing(pairs, tmp_pa
     with pytest.raises(SystemExit):
         pairs.main([str(listing)])
     assert "a line names two evaluations, AFTER BEFORE; got 'sokoban-spa-iterate-s0:1'" in capsys.readouterr().err
+
+
+def test_world_model_copies_tells_a_copy_from_a_prediction(tmp_path, capsys):
+    copies = script("world_model_copies")
+    before, after = "_P\n__\nPlayer at (0,1).", "__\n_P\nPlayer at (1,1)."
+
+    def turn(prediction: str, state_after: str) -> dict:
+        return {"prompt_messages": [], "prompt_ids": [], "response": "", "response_ids": [], "logprobs": [],
+                "finish_reason": "stop", "think": "", "observation": before, "prediction": prediction,
+                "answer": "Down", "actions": ["Down"], "actions_valid": [True], "format_ok": True,
+                "state_before": before, "grid_before": "_P\n__", "state_after": state_after,
+                "grid_after": "\n".join(state_after.splitlines()[:2]), "env_reward": 0.0, "reward": 0.0}
+
+    run = tmp_path / "sokoban-vagen-iterate-s0"
+    rounds = [[turn(after, after), turn(before, before)],  # predicts the move, and the blocked one
+              [turn(before, after), turn(before, before)]]  # copies: right only where nothing moved
+    for r, turns in enumerate(rounds):
+        folder = run / "rl" / f"round-{r}" / "eval"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text("{}")
+        record = {"env": "sokoban", "env_config": {}, "seed": 0, "group": 0, "sample": 0, "mode": "world_model",
+                  "turns": turns, "success": False, "terminated": False}
+        (folder / "trajectories.jsonl").write_text(json.dumps(record) + "\n")
+    archived = write_rounds(tmp_path / "archived-s0", [(0.2, 1.0)])  # metrics.json without world_model: no row
+    copies.main([str(run), str(archived)])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2:] == ["| sokoban-vagen-iterate-s0 | 0 | 100.0 | 50.0 | 100.0 | 50.0 |",
+                        "| sokoban-vagen-iterate-s0 | 1 | 50.0 | 50.0 | 0.0 | 100.0 |"]
+    with pytest.raises(SystemExit):
+        copies.main([str(tmp_path / "nowhere")])

@@ -59,6 +59,9 @@ def test_world_model_accuracy_scores_states_and_the_copy_floor():
     assert scores["prediction_exact"] == 2 / 3
     assert scores["unchanged_rate"] == 1 / 3
     assert scores["prediction_cell_acc"] == (1 + 0.5 + 1) / 3
+    assert scores["prediction_copied"] == 2 / 3  # the copy and the blocked move
+    assert scores["prediction_changed_exact"] == 1 / 2  # of the two turns that moved, one predicted
+    assert world_model_accuracy([blocked])["prediction_changed_exact"] is None
 
 
 # ---------------------------------------------------------------- bootstrap over seeds and levels

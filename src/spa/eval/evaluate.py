@@ -115,7 +115,7 @@ def metric_rows(metrics: dict) -> list[tuple[str, str]]:
     rows += [(name, f"{100 * metrics[key]:.1f}%") for key, name in _TURN_RATES if key in metrics]
     rows.append(("mean response tokens", f"{metrics['mean_response_tokens']:.0f}"))
     for name, value in metrics.get("world_model", {}).items():
-        rows.append((name.replace("_", " "), f"{100 * value:.1f}%"))
+        rows.append((name.replace("_", " "), "-" if value is None else f"{100 * value:.1f}%"))
     return rows
 
 

@@ -157,7 +157,13 @@ def world_model_accuracy(turns) -> dict:
     ``unchanged_rate`` is the share of turns whose state did not change (moves into
     walls or edges): the prediction exact match a model would get by copying the
     observation, the floor a learned transition model has to beat.
+    ``prediction_copied`` is the share of predictions whose grid repeats the grid before
+    the actions, and ``prediction_changed_exact`` the exact match over the turns whose
+    state changed (None without such turns): there a copy scores 0, so it is the rate of
+    transitions actually predicted. A prediction exact match no higher than
+    ``unchanged_rate`` with ``prediction_changed_exact`` near 0 is a model that copies.
     """
+    changed = [t for t in turns if not exact_match(t.state_before, t.state_after)]
     return {
         "observation_exact": mean(exact_match(t.observation, t.state_before) for t in turns),
         "prediction_exact": mean(exact_match(t.prediction, t.state_after) for t in turns),
@@ -166,6 +172,9 @@ def world_model_accuracy(turns) -> dict:
         "observation_grid_exact": mean(_grid_exact(t.observation, t.grid_before) for t in turns),
         "prediction_grid_exact": mean(_grid_exact(t.prediction, t.grid_after) for t in turns),
         "unchanged_rate": mean(exact_match(t.state_before, t.state_after) for t in turns),
+        "prediction_copied": mean(_grid_exact(t.prediction, t.grid_before) for t in turns),
+        "prediction_changed_exact": mean(exact_match(t.prediction, t.state_after) for t in changed)
+        if changed else None,
     }
 
 

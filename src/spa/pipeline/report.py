@@ -30,6 +30,8 @@ from spa.rl.logger import read_metrics  # noqa: E402
 EVAL_STAGES = {"eval_base": "base model", "eval_bootstrap": "after the format bootstrap",
                "eval_sft": "after world-model SFT", "eval_rwml": "after RWML", "eval_final": "final model"}
 WM_KEYS = ("observation_exact", "prediction_exact", "observation_cell_acc", "prediction_cell_acc")
+#: Whether predictions model transitions or copy the state (absent from older metrics).
+COPY_KEYS = ("prediction_changed_exact", "prediction_copied")
 
 
 def load_run(folder: str | Path) -> dict:
@@ -99,14 +101,14 @@ def rl_gain_cell(run: dict, mode: str | None) -> str:
 
 def eval_table(run: dict) -> str:
     rows = ["| model | mode | Pass@1 [95% interval] | Pass@8 | best first action | format valid | obs exact "
-            "| pred exact | obs cells | pred cells |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| pred exact | obs cells | pred cells | pred exact, changed | pred copies |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (stage, mode), m in run["evals"].items():
         wm = m.get("world_model", {})
         rows.append(f"| {EVAL_STAGES[stage]} | {mode} | {_pass_cell(m)} | "
                     f"{_pct(m['pass_at_k'].get('pass@8'))} | {_pct(m.get('best_first_rate'))} | "
                     f"{_pct(m['format_valid_rate'])} | "
-                    + " | ".join(_pct(wm.get(k)) for k in WM_KEYS) + " |")
+                    + " | ".join(_pct(wm.get(k)) for k in WM_KEYS + COPY_KEYS) + " |")
     return "\n".join(rows)
 
 
@@ -192,7 +194,8 @@ def write_report(folder: str | Path) -> Path:
     lines = [f"# Run {run['name']}", "", "## Evaluation", "", eval_table(run), "",
              "Pass@k: unbiased estimator over the samples of each evaluation seed; world-model columns: exact "
              "match and per-cell accuracy of `<observation>` / `<prediction>` against the true states (world_model "
-             "mode).", ""]
+             "mode); pred exact, changed: exact on the turns whose state changed, where a copy scores 0; pred "
+             "copies: predictions whose grid repeats the grid before the actions.", ""]
     for name in ("bootstrap", "selfplay", "bridge"):
         if name in stages:
             o = stages[name]["outputs"]
