@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> dict:
         "torch": torch.__version__,
         "auto": auto.name,
         "size": args.size,
-        "gflops": {name: round(gflops(args.size, DTYPES[name], args.seconds), 1) for name in args.dtypes},
+        # Three significant figures, not one decimal: a small product on a busy machine can
+        # run under 0.05 GFLOP/s, which a fixed decimal would print (and divide by) as 0.
+        "gflops": {name: float(f"{gflops(args.size, DTYPES[name], args.seconds):.3g}") for name in args.dtypes},
     }
     if "fp32" in result["gflops"]:
         result["ratio_to_fp32"] = {name: round(value / result["gflops"]["fp32"], 2)
