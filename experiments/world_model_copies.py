@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from spa.agent.rollout import Trajectory
-from spa.eval.metrics import world_model_accuracy
+from spa.eval.metrics import pct_with_interval, world_model_accuracy
 
 COLUMNS = ("prediction_exact", "unchanged_rate", "prediction_changed_exact", "prediction_copied")
 
 
-def round_evals(run: Path) -> list[tuple[int, Path]]:
-    """``(round, eval folder)`` of a run (``rl/round-N/eval``) or an ``spa iterate`` output."""
+def round_evals(run: Path) -> list[Path]:
+    """The evaluation folders of round 0, 1, 2... of a run (``rl/round-N/eval``) or of an
+    ``spa iterate`` output, in order, as far as they go."""
     base = run / "rl" if (run / "rl").is_dir() else run
-    found = [(int(m.group(1)), p / "eval") for p in base.glob("round-*")
-             if (m := re.fullmatch(r"round-(\d+)", p.name)) and (p / "eval" / "metrics.json").exists()]
-    return sorted(found)
+    found = []
+    while (folder := base / f"round-{len(found)}" / "eval").joinpath("metrics.json").is_file():
+        found.append(folder)
+    return found
 
 
 def scores(folder: Path) -> dict | None:
@@ -48,18 +49,14 @@ def scores(folder: Path) -> dict | None:
     return json.loads((folder / "metrics.json").read_text()).get("world_model")
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
 def table(runs: list[Path]) -> str:
     rows = ["| run | round | pred exact | unchanged | pred exact, changed | pred copies |",
             "|---|---:|---:|---:|---:|---:|"]
     for run in runs:
-        for round_, folder in round_evals(run):
+        for round_, folder in enumerate(round_evals(run)):
             wm = scores(folder)
             if wm is not None:
-                rows.append(f"| {run.name} | {round_} | " + " | ".join(_pct(wm.get(k)) for k in COLUMNS) + " |")
+                rows.append(f"| {run.name} | {round_} | " + " | ".join(pct_with_interval(wm.get(k)) for k in COLUMNS) + " |")
     return "\n".join(rows)
 
 
