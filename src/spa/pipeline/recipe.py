@@ -156,6 +156,9 @@ class IterateSection:
     value_tolerance: float = field(default=IterateConfig.value_tolerance, metadata={
         "help": "keep: value: actions within this of the highest value count as best."})
     lr: float = field(default=SFTConfig.lr, metadata={"help": "Peak SFT learning rate of each round."})
+    mask_states: bool = field(default=False, metadata={
+        "help": "Leave the turns' own <observation> and <prediction> out of each round's SFT loss, so that "
+                "only the reasoning and the answer are trained (world-model prompt; in the others a no-op)."})
     max_new_tokens: int = field(default=IterateConfig.max_new_tokens, metadata={
         "help": "New-token cap per turn while playing."})
     seed: int | None = field(default=None, metadata={
@@ -165,7 +168,7 @@ class IterateSection:
         self.config(seed=0)  # the same checks as spa iterate, at load time
 
     def config(self, seed: int, precision_name: str = "auto") -> IterateConfig:
-        sft = replace(IterateConfig().sft, lr=self.lr, precision=precision_name)
+        sft = replace(IterateConfig().sft, lr=self.lr, mask_states=self.mask_states, precision=precision_name)
         return IterateConfig(rounds=self.rounds, episodes=self.episodes, samples=self.samples, keep=self.keep,
                              value_rollouts=self.value_rollouts, value_horizon=self.value_horizon,
                              value_tolerance=self.value_tolerance, max_new_tokens=self.max_new_tokens, seed=seed,
