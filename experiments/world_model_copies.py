@@ -56,7 +56,8 @@ def table(runs: list[Path]) -> str:
         for round_, folder in enumerate(round_evals(run)):
             wm = scores(folder)
             if wm is not None:
-                rows.append(f"| {run.name} | {round_} | " + " | ".join(pct_with_interval(wm.get(k)) for k in COLUMNS) + " |")
+                cells = " | ".join(pct_with_interval(wm.get(k)) for k in COLUMNS)
+                rows.append(f"| {run.name} | {round_} | {cells} |")
     return "\n".join(rows)
 
 

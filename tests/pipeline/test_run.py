@@ -535,8 +535,10 @@ def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
     recipe = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["seed=3"])
     assert recipe.iterate.config(recipe.stage_seed(recipe.iterate)).seed == 3
     assert not recipe.iterate.config(3).sft.mask_states
-    masked = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["prompt.mode=world_model", "iterate.mask_states=true"])
-    assert masked.iterate.config(0).sft.mask_states and not masked.sft.mask_states  # the rounds', not the world-model SFT's
+    masked = load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml",
+                         ["prompt.mode=world_model", "iterate.mask_states=true"])
+    # The rounds' SFT loss leaves the states out; the world-model SFT's keeps them.
+    assert masked.iterate.config(0).sft.mask_states and not masked.sft.mask_states
 
 
 def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_path, monkeypatch):

@@ -164,18 +164,18 @@ def world_model_accuracy(turns) -> dict:
     ``unchanged_rate`` with ``prediction_changed_exact`` near 0 is a model that copies.
     """
     unchanged = [exact_match(t.state_before, t.state_after) for t in turns]
-    changed = [t for t, same in zip(turns, unchanged) if not same]
+    predicted = [exact_match(t.prediction, t.state_after) for t in turns]
+    changed = [right for right, same in zip(predicted, unchanged) if not same]
     return {
         "observation_exact": mean(exact_match(t.observation, t.state_before) for t in turns),
-        "prediction_exact": mean(exact_match(t.prediction, t.state_after) for t in turns),
+        "prediction_exact": mean(predicted),
         "observation_cell_acc": mean(cell_accuracy(t.observation, t.grid_before) for t in turns),
         "prediction_cell_acc": mean(cell_accuracy(t.prediction, t.grid_after) for t in turns),
         "observation_grid_exact": mean(_grid_exact(t.observation, t.grid_before) for t in turns),
         "prediction_grid_exact": mean(_grid_exact(t.prediction, t.grid_after) for t in turns),
         "unchanged_rate": mean(unchanged),
         "prediction_copied": mean(_grid_exact(t.prediction, t.grid_before) for t in turns),
-        "prediction_changed_exact": mean(exact_match(t.prediction, t.state_after) for t in changed)
-        if changed else None,
+        "prediction_changed_exact": mean(changed) if changed else None,
     }
 
 
