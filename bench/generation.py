@@ -188,8 +188,10 @@ def profile_engine(engine: Engine, prompts, new_tokens: int, seed: int) -> dict:
     phases["host_other"] = seconds - sum(phases.values())
     return {
         "seconds": round(seconds, 3),
-        "phases_s": {k.removeprefix("spa."): round(v, 3) for k, v in phases.items()},
-        "ops_s": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        # the profiler counts whole microseconds; rounding coarser than that turns a tiny
+        # model's sub-millisecond operators into zeros
+        "phases_s": {k.removeprefix("spa."): round(v, 6) for k, v in phases.items()},
+        "ops_s": {k: round(v, 6) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
     }
 
 

@@ -195,7 +195,7 @@ def measure(name: str, start: str, mode: str, config: PPOConfig, args) -> dict:
                      "actor_lr": config.actor_lr, "critic_lr": config.critic_lr, "critic": config.algorithm == "ppo"},
         "episodes_per_hour": round(episodes * 3600 / step_s, 1),
         "step_seconds": round(step_s, 2),
-        "phases_s": {k: round(v, 3) for k, v in phases.items()},
+        "phases_s": {k: round(v, 4) for k, v in phases.items()},
         "generated_tokens_per_step": round(mean(generated)),
         "generated_tokens_per_episode": round(mean(generated) / episodes, 1),
         "trained_tokens_per_step": round(mean(trained)),
