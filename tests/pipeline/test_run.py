@@ -410,6 +410,16 @@ def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
     assert stages["rl"]["outputs"]["start"] == recipe.model  # without a bootstrap: the base model
 
 
+def test_the_runs_folder_may_come_from_the_environment(preset, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["run", str(CONFIGS / "sokoban-vanilla.yaml"), "selfplay.bootstrap_episodes=0", "--preset", str(preset),
+            "--name", "partial", "--until", "eval_base"]
+    result = CliRunner().invoke(app, args, env={"SPA_RUNS_DIR": str(tmp_path / "elsewhere")})
+    assert result.exit_code == 0, result.output
+    assert list(json.loads((tmp_path / "elsewhere" / "partial" / "stages.json").read_text())) == ["eval_base"]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_base_evaluation_is_a_switch_a_rerun_may_flip(preset, tmp_path):
     folder = tmp_path / "no-base"
     overrides = ["selfplay.bootstrap_episodes=0", "eval.base=false"]

@@ -17,7 +17,8 @@ def run(
                                              "curve), quick (CPU, a smoke run of every stage), paper, or a "
                                              "YAML file."),
     name: str = typer.Option(None, help="Run name (default: recipe name and preset)."),
-    runs_dir: str = typer.Option("runs", help="Folder of the runs."),
+    runs_dir: str = typer.Option("runs", envvar="SPA_RUNS_DIR",
+                                 help="Folder of the runs; keep it outside a checkout that may be laid anew."),
     until: str = typer.Option(None, help="Stop after this stage (e.g. eval_sft); run again without it to go on."),
 ) -> None:
     """Run every stage of a recipe into RUNS_DIR/NAME.
