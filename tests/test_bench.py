@@ -94,3 +94,14 @@ def test_matmul_bench_times_each_precision_and_names_the_auto_choice():
     assert result["cpu_native_bf16"] == precision.cpu_has_native_bf16()
     assert set(result["gflops"]) == {"fp32", "bf16", "fp16"} and min(result["gflops"].values()) > 0
     assert result["ratio_to_fp32"]["fp32"] == 1.0
+
+
+def test_sft_memory_bench_trains_each_setting_in_its_own_process():
+    result = bench_json([sys.executable, str(BENCH.with_name("sft_memory.py")), "--model", "tiny", "--steps", "2",
+                         "--batch-size", "2", "--episodes", "2", "--trim-every", "0,1"])
+    assert [s["trim_every_steps"] for s in result["settings"]] == [0, 1]
+    assert all(s["tokens_per_second"] > 0 for s in result["settings"])
+    assert result["settings"][0]["tokens_per_second_ratio"] == 1.0
+    bad = subprocess.run([sys.executable, str(BENCH.with_name("sft_memory.py")), "--trim-every", "0,-1"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--trim-every '0,-1'" in bad.stderr

@@ -64,14 +64,19 @@ def tune_malloc() -> bool:
     return _TUNED
 
 
-def release() -> None:
-    """Collect unreachable objects, then return the heap's free pages to the system
-    (``malloc_trim(0)``: every arena, not only the top of the main heap). Costs
-    milliseconds to a fraction of a second; call it where a big model was just freed."""
-    gc.collect()
+def trim() -> None:
+    """Return the heap's free pages to the system (``malloc_trim(0)``: every arena, not
+    only the top of the main heap)."""
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def release() -> None:
+    """Collect unreachable objects, then :func:`trim`. Costs milliseconds to a fraction of
+    a second; call it where a big model was just freed."""
+    gc.collect()
+    trim()
 
 
 def releasing(stage: Callable[..., T]) -> Callable[..., T]:

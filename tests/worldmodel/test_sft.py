@@ -267,3 +267,20 @@ def test_an_examples_masked_states_leave_its_loss_as_mask_states_does(tiny, tmp_
     masked = [{**e, "masked_states": ["observation", "prediction"]} for e in examples]
     assert first_loss(masked, "masked") == pytest.approx(first_loss(examples, "flag", mask_states=True))
     assert first_loss(masked, "masked") != pytest.approx(first_loss(examples, "plain"), rel=1e-3)
+
+
+def test_the_heap_is_trimmed_every_trim_every_steps_optimizer_steps(tiny, tmp_path, monkeypatch):
+    import spa.worldmodel.sft as sft
+    from spa.models import load_model
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=8, max_turns=1)  # 8 turns: 4 batches of 2, 2 steps of 2
+    config = SFTConfig(epochs=2, batch_size=2, grad_accum=2, val_fraction=0.0, precision="fp32")
+    trims = []
+    monkeypatch.setattr(sft.heap, "trim", lambda: trims.append(len(trims)))
+    for every, expected in ((0, 0), (1, 4), (2, 2), (3, 0)):  # per epoch: its 2 steps
+        trims.clear()
+        monkeypatch.setattr(sft, "TRIM_EVERY_STEPS", every)
+        model, _ = load_model("tiny", dtype="fp32")
+        train(model, tokenizer, examples, config, tmp_path / str(every), progress=False)
+        assert len(trims) == expected, every

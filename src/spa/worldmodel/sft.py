@@ -40,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from spa import distributed, interrupt
+from spa import distributed, heap, interrupt
 from spa import precision as precision_
 from spa.eval.metrics import exact_match
 from spa.io import TRAINER_STATE, atomic_dir, write_json
@@ -56,6 +56,9 @@ MID_EPOCH, POSITION = "resume", "position.json"
 #: Seconds of training between mid-epoch resume points: writing one (weights and AdamW
 #: state, 1.6 GB for the 135M model) takes a few seconds.
 RESUME_EVERY_SECONDS = 600.0
+#: Optimizer steps between two returns of the heap's free pages (:func:`spa.heap.trim`);
+#: 0 never. ``bench/sft_memory.py`` measures what it saves and costs.
+TRIM_EVERY_STEPS = 0
 
 
 @dataclass
@@ -342,6 +345,8 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                if TRIM_EVERY_STEPS and (first // config.grad_accum + 1) % TRIM_EVERY_STEPS == 0:
+                    heap.trim()
                 now = time.perf_counter()
                 rate = tokens / (before + now - start)
                 bar.update(task, advance=len(step_batches),
