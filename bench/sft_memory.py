@@ -64,7 +64,7 @@ def child(args) -> None:
     # Only the steps: no resume points and no checkpoint at the end (a save's copies would
     # be the peak, and no step's doing).
     sft.RESUME_EVERY_SECONDS = float("inf")
-    sft.save_checkpoint = lambda *args, **kwargs: None
+    sft.save_checkpoint = lambda *_, **__: None
     print("ready", flush=True)  # the parent's growth baseline starts after loading
     with tempfile.TemporaryDirectory() as out:
         history = sft.train(model, tokenizer, examples, sft.SFTConfig(

@@ -57,7 +57,9 @@ MID_EPOCH, POSITION = "resume", "position.json"
 #: state, 1.6 GB for the 135M model) takes a few seconds.
 RESUME_EVERY_SECONDS = 600.0
 #: Optimizer steps between two returns of the heap's free pages (:func:`spa.heap.trim`);
-#: 0 never. ``bench/sft_memory.py`` measures what it saves and costs.
+#: 0 never. Off, because it costs more than it saves where memory suffices: trimming every
+#: step took a long-answer SFT's peak from 8.79 to 6.65 GB but ran at about 0.85x the
+#: tokens/s (``bench/sft_memory.py``; docs/comparison.md, "Memory").
 TRIM_EVERY_STEPS = 0
 
 
