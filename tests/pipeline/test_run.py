@@ -341,6 +341,11 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     assert full[10] == rl_gain(finished) and cut[10] == "-"  # the partial run has no final evaluation
     assert full[11] == f"{100 * final['best_first_rate']:.1f}" and cut[11] == "-"
     assert "(unfinished)" in cut[12] and "(unfinished)" not in full[12]
+    # The total wall time: 5 stages of 720 s make the partial run's hour.
+    (partial / "stages.json").write_text(json.dumps({k: {**v, "seconds": 720.0} for k, v in kept.items()}))
+    report_module.compare([partial], tmp_path / "cmp-total")
+    assert ("In all: 1.0 hours of wall time over 1 run, the sum of the column above (1 unfinished, so far)."
+            in (tmp_path / "cmp-total" / "comparison.md").read_text().splitlines())
     assert (tmp_path / "cmp" / "curves.png").exists() and (tmp_path / "cmp" / "passk.png").exists()
     # A run written before intervals: its numbers alone.
     strip_intervals(finished, tmp_path / "old")

@@ -269,6 +269,12 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
         done = "report" in run["stages"]
         rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
                     + " | ".join(cells) + f" | {minutes:.0f}{'' if done else ' (unfinished)'} |")
+    unfinished = sum("report" not in run["stages"] for run in runs)
+    # What a table of runs costs is a question users ask before reproducing it; the sum is
+    # of each run's own clock, on whatever machine and beside whatever else it ran.
+    total = (f"In all: {sum(wall_seconds(run) for run in runs) / 3600:.1f} hours of wall time over {len(runs)} "
+             f"run{'s' * (len(runs) != 1)}, the sum of the column above"
+             f"{f' ({unfinished} unfinished, so far)' if unfinished else ''}.")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for run in runs:
         records = [r for r in run["rl"] if "rollout/reward_mean" in r]
@@ -335,7 +341,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "the rules accepted, with the best-first share of those in brackets; actions a turn: mean "
                      "actions over mean turns of the evaluation. Round 0 is the model RL starts from; its "
                      "evaluation minutes are that evaluation's.")
-    text = "\n".join(["# Comparison", "", *rows, "", note, "", "## Replicates", "", group_table(groups, resamples),
+    text = "\n".join(["# Comparison", "", *rows, "", note, "", total, "", "## Replicates", "", group_table(groups, resamples),
                       "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
 
