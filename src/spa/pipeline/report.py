@@ -341,8 +341,9 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
                      "the rules accepted, with the best-first share of those in brackets; actions a turn: mean "
                      "actions over mean turns of the evaluation. Round 0 is the model RL starts from; its "
                      "evaluation minutes are that evaluation's.")
-    text = "\n".join(["# Comparison", "", *rows, "", note, "", total, "", "## Replicates", "", group_table(groups, resamples),
-                      "", group_note, "", *sections, "![curves](curves.png)", "", "![Pass@k](passk.png)", ""])
+    text = "\n".join(["# Comparison", "", *rows, "", note, "", total, "", "## Replicates", "",
+                      group_table(groups, resamples), "", group_note, "", *sections, "![curves](curves.png)", "",
+                      "![Pass@k](passk.png)", ""])
     return atomic_write_text(out / "comparison.md", text)
 
 
