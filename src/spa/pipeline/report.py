@@ -256,6 +256,7 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     rows = ["| run | method | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
             "| final Pass@1 | final Pass@8 | RL gain Pass@1 (paired) | final best first action | wall time (min) |",
             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    hours, unfinished = 0.0, 0  # the wall-time column's sum, read once per run
     for run in runs:
         recipe = _recipe_summary(run["config"])
         mode = final_mode(run)
@@ -265,14 +266,15 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
             cells += [_pass_cell(found), _pct(found.get("pass_at_k", {}).get("pass@8"))]
         cells.append(rl_gain_cell(run, mode))
         cells.append(_pct(found.get("best_first_rate")))  # the final evaluation's
-        minutes = wall_seconds(run) / 60
+        seconds = wall_seconds(run)
         done = "report" in run["stages"]
+        hours += seconds / 3600
+        unfinished += not done
         rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
-                    + " | ".join(cells) + f" | {minutes:.0f}{'' if done else ' (unfinished)'} |")
-    unfinished = sum("report" not in run["stages"] for run in runs)
+                    + " | ".join(cells) + f" | {seconds / 60:.0f}{'' if done else ' (unfinished)'} |")
     # What a table of runs costs is a question users ask before reproducing it; the sum is
     # of each run's own clock, on whatever machine and beside whatever else it ran.
-    total = (f"In all: {sum(wall_seconds(run) for run in runs) / 3600:.1f} hours of wall time over {len(runs)} "
+    total = (f"In all: {hours:.1f} hours of wall time over {len(runs)} "
              f"run{'s' * (len(runs) != 1)}, the sum of the column above"
              f"{f' ({unfinished} unfinished, so far)' if unfinished else ''}.")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
