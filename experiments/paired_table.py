@@ -34,7 +34,8 @@ def resolve(side: str, runs: list[Path], random: Path | None, strip: tuple[str, 
         return random, "random valid actions"
     name, colon, round_ = side.rpartition(":")
     if colon and round_.isdigit():
-        base = next((folder / name for folder in runs if (folder / name).is_dir()), runs[0] / name if runs else Path(name))
+        fallback = runs[0] / name if runs else Path(name)
+        base = next((folder / name for folder in runs if (folder / name).is_dir()), fallback)
         short = name
         for text in strip:
             short = short.replace(text, "")

@@ -105,7 +105,8 @@ def run(out: Path) -> dict:
             history = train_rl(policy, tokenizer, rollout, config, out / algorithm, progress=False,
                                engine=HashEngine(tokenizer))
         result[f"{algorithm}/weights"], result[f"{algorithm}/norms"] = flat(policy), norms
-        result[f"{algorithm}/metrics"] = {k: v for k, v in history[-1].items() if not k.startswith(("charts/", "time/"))}
+        last = history[-1].items()
+        result[f"{algorithm}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
     return result
 
 

@@ -113,5 +113,6 @@ def test_an_interrupted_evaluation_resumes_into_the_same_metrics(tiny, tmp_path,
     monkeypatch.setattr(TurnLog, "append", append)
     resumed = evaluate(model, tokenizer, config, tmp_path / "resumed", progress=False)
     assert not (tmp_path / "resumed" / PARTIAL).exists()
-    assert (tmp_path / "resumed" / "trajectories.jsonl").read_text() == (tmp_path / "whole" / "trajectories.jsonl").read_text()
+    log_resumed, log_whole = (tmp_path / name / "trajectories.jsonl" for name in ("resumed", "whole"))
+    assert log_resumed.read_text() == log_whole.read_text()
     assert resumed["pass_at_k"] == whole["pass_at_k"]

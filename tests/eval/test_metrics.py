@@ -2,8 +2,8 @@ from math import comb
 
 import pytest
 
-from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, cell_accuracy, exact_match, pass_at_k, pooled_sd,
-                              runs_per_arm)
+from spa.eval.metrics import (bootstrap_difference, bootstrap_interval, cell_accuracy, exact_match, pass_at_k,
+                              pooled_sd, runs_per_arm)
 
 
 @pytest.mark.parametrize("n,c,k", [(8, 0, 1), (8, 1, 1), (8, 3, 2), (8, 3, 4), (8, 5, 4), (8, 8, 8),
@@ -164,7 +164,8 @@ def test_best_first_rate_is_over_the_scored_turns_and_absent_without_any():
     from spa.eval.metrics import summarize
 
     def episode(*marks):
-        turns = [SimpleNamespace(best_first=mark, best_run=None, reward=0.0, actions_valid=[True], format_ok=True, response_ids=[])
+        turns = [SimpleNamespace(best_first=mark, best_run=None, reward=0.0, actions_valid=[True], format_ok=True,
+                                 response_ids=[])
                  for mark in marks]
         return Trajectory("frozenlake", {}, seed=0, group=0, sample=0, mode="state", turns=turns)
 

@@ -118,7 +118,8 @@ def test_each_round_of_each_run_shows_its_play_its_paired_gain_and_its_times(tmp
                              {1: [True, False], 2: [True, False], 3: [True, True]})
     assert gain.difference == 1 / 6 and (gain.improved, gain.worsened) == (1, 0)
     expected = signed_pct_with_interval(gain.difference, gain.difference_ci95)
-    assert rows[3] == f"| a | 1 | 1,500 / 6,000 | 25.0% | 66.7 [56.7, 76.7] | {expected} | 1 / 0 | 10.0% | 40.0% (25.0%) | 1.50 | 10 / 20 / 5 |"
+    assert rows[3] == (f"| a | 1 | 1,500 / 6,000 | 25.0% | 66.7 [56.7, 76.7] | {expected} | 1 / 0 "
+                       "| 10.0% | 40.0% (25.0%) | 1.50 | 10 / 20 / 5 |")
     assert rows[4].startswith("| a | 2 | - | - | 100.0 [90.0, 110.0] | +33.3 [")
     assert rows[4].endswith(" | 2 / 0 | 20.0% | - | - | - / - / - |")  # metrics from before the valid-first share
     assert run_round_table([{"name": "ppo", "dir": tmp_path / "ppo", "config": "rl: ppo\n"}]) is None

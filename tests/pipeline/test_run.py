@@ -65,7 +65,8 @@ def test_every_stage_runs_and_the_report_is_written(finished):
         assert (finished / plot).stat().st_size > 1000
     # RL started from the SFT checkpoint, which started from the bootstrap checkpoint
     assert stages["sft"]["outputs"]["model"].endswith("sft/epoch-1")
-    assert [r["step"] for r in map(json.loads, (finished / "rl" / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+    metrics = (finished / "rl" / "metrics.jsonl").read_text().splitlines()
+    assert [r["step"] for r in map(json.loads, metrics)] == [0, 1, 2]
     assert not list(finished.rglob("*.partial.jsonl"))  # the turn logs of plays and evaluations are gone
 
 
@@ -511,7 +512,8 @@ def test_expert_iteration_is_an_rl_stage_that_reuses_its_evaluations(preset, tmp
     folder = tmp_path / "iterate"
     Run(recipe, folder, log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
-    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_sft", "rl", "eval_final", "report"]  # eval.base: false
+    # eval.base: false, so no eval_base stage
+    assert list(stages) == ["bootstrap", "selfplay", "sft", "eval_sft", "rl", "eval_final", "report"]
     rl = stages["rl"]["outputs"]
     assert rl["start"] == stages["sft"]["outputs"]["model"]
     assert rl["model"] == str(folder / "rl" / "round-2" / "sft" / "epoch-1")

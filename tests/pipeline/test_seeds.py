@@ -50,7 +50,8 @@ def test_each_stage_runs_on_its_own_seed(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(run_module, "train_rl", lambda _lm, _tok, _roll, config, *_, **__: seen.update(ppo=config.seed))
     from spa.rl import rwml_train
 
-    monkeypatch.setattr(rwml_train, "run", lambda _lm, _tok, _env, _opt, config, *_, **__: seen.update(rwml=config.seed))
+    monkeypatch.setattr(rwml_train, "run",
+                        lambda _lm, _tok, _env, _opt, config, *_, **__: seen.update(rwml=config.seed))
     run = Run(recipe("seed=7", "sft.seed=1", "ppo.seed=2", "rwml.seed=3", *DATA_ONLY), tmp_path, log=lambda _: None)
     run._fine_tune("tiny", "unused.jsonl", tmp_path / "sft", epochs=1)
     run._rl()

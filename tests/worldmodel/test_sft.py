@@ -77,7 +77,8 @@ def test_training_lowers_the_loss_and_resume_matches_an_uninterrupted_run(tiny, 
 
     _, tokenizer = tiny
     examples = random_play_examples(tokenizer, episodes=8, max_turns=1)
-    config = SFTConfig(lr=3e-3, epochs=2, batch_size=4, val_fraction=0.25, val_examples_generate=2, val_max_new_tokens=8, precision="fp32")
+    config = SFTConfig(lr=3e-3, epochs=2, batch_size=4, val_fraction=0.25, val_examples_generate=2,
+                       val_max_new_tokens=8, precision="fp32")
 
     model_a, _ = load_model("tiny", dtype="fp32")
     history = train(model_a, tokenizer, examples, config, tmp_path / "a", progress=False)

@@ -24,7 +24,7 @@ def rwml(
     group_size: int = typer.Option(8, min=2, help="Predictions per triplet (paper: 8)."),
     batch: int = typer.Option(32, min=1, help="Triplets per step."),
     reward: str = typer.Option("embedding", help="embedding (paper: 1[1 - cos < tau]), exact, cell, or change "
-                                                 "(cell accuracy balanced over changed and kept cells: a copy scores 0.5)."),
+                               "(cell accuracy balanced over changed and kept cells: a copy scores 0.5)."),
     tau: float = typer.Option(EMBEDDING_TAU, min=0.0, help="Cosine-distance threshold of the embedding reward."),
     lr: float = typer.Option(1e-6, min=0.0, help="Learning rate (paper: 1e-6; CPU quick runs need ~1e-5)."),
     filter_easy: bool = typer.Option(True, "--filter/--no-filter",
