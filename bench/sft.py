@@ -4,10 +4,10 @@ Baseline: batches of ``--batch-size`` examples in random order, right-padded to 
 longest, loss from ``model(input_ids, labels=...)`` (logits over the whole sequence),
 autocast in the compute precision (``--dtype``, default ``auto``: bf16 where the CPU
 computes it natively, else fp32, which is then plain fp32). spa: length-bucketed batches,
-the system prompt the batch shares run once
-(``spa.models.shared_prefix``) and logits only at the trained positions
-(``spa.worldmodel.sft``). Both run forward + backward + AdamW step on the same examples
-from the same starting weights; tokens/s counts real (non-padding) tokens.
+the system prompt the batch shares run once (``spa.models.shared_prefix``) and logits
+only at the trained positions (``spa.worldmodel.sft``). Both run forward + backward +
+AdamW step on the same examples from the same starting weights; tokens/s counts real
+(non-padding) tokens.
 
     python bench/sft.py --data data/sokoban.jsonl   # self-play data from spa selfplay
     python bench/sft.py                             # random-exploration data made on the spot
