@@ -70,8 +70,8 @@ def compare(
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error)) from None
     console.print(path.read_text(), highlight=False, soft_wrap=True, markup=False)  # whole rows; [x] is text
-    plots = [str(Path(out) / name) for name in ("curves.png", "passk.png", "rounds.png")
-             if (Path(out) / name).is_file()]
+    plots = [str(plot) for plot in (Path(out) / name for name in ("curves.png", "passk.png", "rounds.png"))
+             if plot.is_file()]
     console.print(f"wrote {', '.join([str(path), *plots])}")
 
 
