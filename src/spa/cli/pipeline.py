@@ -52,7 +52,7 @@ def run(
 @app.command(epilog=example("spa compare runs/frozenlake-spa-quick runs/frozenlake-vanilla-quick"))
 def compare(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
-    out: str = typer.Option("comparison", help="Output folder: comparison.md, curves.png and passk.png."),
+    out: str = typer.Option("comparison", help="Output folder: comparison.md, curves.png, passk.png, rounds.png."),
     resamples: int = typer.Option(10_000, min=1, help="Bootstrap replicates of the replicate groups' intervals."),
 ) -> None:
     """Compare runs: a side-by-side table, replicates grouped by recipe, and plots.

@@ -248,7 +248,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     of replicates (same recipe, other seeds; :mod:`spa.pipeline.replicates`): the number
     of seeds and each Pass@1 / Pass@8 as mean [95% bootstrap interval over seeds and
     levels, ``resamples`` replicates]. Plots:
-    ``curves.png`` (RL curves, overlaid) and ``passk.png`` (Pass@k against k per group).
+    ``curves.png`` (RL curves, overlaid), ``passk.png`` (Pass@k against k per group) and,
+    when a group has expert-iteration rounds, ``rounds.png`` (Pass@1 against round).
     """
     runs = [load_run(f) for f in folders]
     out = Path(out)
