@@ -11,17 +11,24 @@ fresh process, whose resident memory the parent samples ten times a second.
 
     python bench/sft_memory.py                       # 40 steps, trim every 0, 1 and 10 steps
     python bench/sft_memory.py --steps 80 --trim-every 0,10
+    python bench/sft_memory.py --steps 24 --trim-every 0,10,1,1,10,0   # drift cancels
 
 Prints one JSON object: per setting the peak resident memory of training (GiB) in the
 first and second half of its time (their difference is the growth; the first half holds
-AdamW's first allocation) and training tokens/s, also as a ratio to the first setting's,
-measured in the same run. Checkpoints are not written: only the steps are measured.
+AdamW's first allocation), training tokens/s, also as a ratio to the first setting's,
+measured in the same run, and the minor page faults of training (a page the heap gave
+back and takes again is faulted in anew, zeroed). Successive processes on a shared
+machine can drift (the same setting once ran 22% slower three processes later), so a
+setting may be given more than once: ``by_setting`` holds each one's mean tokens/s and
+its ratio to the first setting's mean, which a palindromic order (``0,10,1,1,10,0``)
+keeps free of a linear drift. Checkpoints are not written: only the steps are measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -66,10 +73,13 @@ def child(args) -> None:
     sft.RESUME_EVERY_SECONDS = float("inf")
     sft.save_checkpoint = lambda *_, **__: None
     print("ready", flush=True)  # the parent's growth baseline starts after loading
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     with tempfile.TemporaryDirectory() as out:
         history = sft.train(model, tokenizer, examples, sft.SFTConfig(
             epochs=1, batch_size=args.batch_size, val_fraction=0.0, precision=args.dtype), out, progress=False)
-    print(json.dumps({"tokens_per_second": history[0]["tokens_per_second"], "seconds": history[0]["seconds"]}))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(json.dumps({"tokens_per_second": history[0]["tokens_per_second"], "seconds": history[0]["seconds"],
+                      "minor_page_faults": faults}))
 
 
 def measure(args, trim_every: int) -> dict:
@@ -101,7 +111,8 @@ def measure(args, trim_every: int) -> dict:
         memory = dict(zip(memory, (round(x, 2) for x in (max(first, second), first, second, second - first))))
     return {"trim_every_steps": trim_every, **memory,
             "tokens_per_second": round(result["tokens_per_second"], 1),
-            "train_seconds": round(result["seconds"], 1)}
+            "train_seconds": round(result["seconds"], 1),
+            "minor_page_faults": result["minor_page_faults"]}
 
 
 def main() -> None:
@@ -129,6 +140,13 @@ def main() -> None:
     first = results[0]["tokens_per_second"]
     for r in results:
         r["tokens_per_second_ratio"] = round(r["tokens_per_second"] / first, 3)
+    means = {k: float(np.mean([r["tokens_per_second"] for r in results if r["trim_every_steps"] == k]))
+             for k in dict.fromkeys(settings)}  # in the order first given
+    by_setting = [{"trim_every_steps": k, "runs": settings.count(k), "tokens_per_second_mean": round(mean, 1),
+                   "tokens_per_second_ratio": round(mean / means[settings[0]], 3),
+                   "minor_page_faults_mean": round(float(np.mean(
+                       [r["minor_page_faults"] for r in results if r["trim_every_steps"] == k])))}
+                  for k, mean in means.items()]
     print(json.dumps({
         "benchmark": "sft_memory",
         "model": args.model,
@@ -139,6 +157,7 @@ def main() -> None:
         "cpu_capability": precision.cpu_capability(),
         "cpu_native_bf16": precision.cpu_has_native_bf16(),
         "settings": results,
+        "by_setting": by_setting,
     }, indent=2))
 
 

@@ -98,10 +98,16 @@ def test_matmul_bench_times_each_precision_and_names_the_auto_choice():
 
 def test_sft_memory_bench_trains_each_setting_in_its_own_process():
     result = bench_json([sys.executable, str(BENCH.with_name("sft_memory.py")), "--model", "tiny", "--steps", "2",
-                         "--batch-size", "2", "--episodes", "2", "--trim-every", "0,1"])
-    assert [s["trim_every_steps"] for s in result["settings"]] == [0, 1]
-    assert all(s["tokens_per_second"] > 0 for s in result["settings"])
+                         "--batch-size", "2", "--episodes", "2", "--trim-every", "0,1,1,0"])
+    assert [s["trim_every_steps"] for s in result["settings"]] == [0, 1, 1, 0]
+    assert all(s["tokens_per_second"] > 0 and s["minor_page_faults"] >= 0 for s in result["settings"])
     assert result["settings"][0]["tokens_per_second_ratio"] == 1.0
+    never, every = result["by_setting"]
+    assert (never["trim_every_steps"], never["runs"], every["trim_every_steps"], every["runs"]) == (0, 2, 1, 2)
+    speeds = {k: [s["tokens_per_second"] for s in result["settings"] if s["trim_every_steps"] == k] for k in (0, 1)}
+    assert every["tokens_per_second_mean"] == round(sum(speeds[1]) / 2, 1)
+    assert every["tokens_per_second_ratio"] == round(sum(speeds[1]) / sum(speeds[0]), 3)
+    assert never["tokens_per_second_ratio"] == 1.0
     bad = subprocess.run([sys.executable, str(BENCH.with_name("sft_memory.py")), "--trim-every", "0,-1"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "--trim-every '0,-1'" in bad.stderr
