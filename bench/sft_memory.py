@@ -140,13 +140,13 @@ def main() -> None:
     first = results[0]["tokens_per_second"]
     for r in results:
         r["tokens_per_second_ratio"] = round(r["tokens_per_second"] / first, 3)
-    means = {k: float(np.mean([r["tokens_per_second"] for r in results if r["trim_every_steps"] == k]))
-             for k in dict.fromkeys(settings)}  # in the order first given
-    by_setting = [{"trim_every_steps": k, "runs": settings.count(k), "tokens_per_second_mean": round(mean, 1),
-                   "tokens_per_second_ratio": round(mean / means[settings[0]], 3),
-                   "minor_page_faults_mean": round(float(np.mean(
-                       [r["minor_page_faults"] for r in results if r["trim_every_steps"] == k])))}
-                  for k, mean in means.items()]
+    # each setting's processes, settings in the order first given
+    runs_of = {k: [r for r in results if r["trim_every_steps"] == k] for k in dict.fromkeys(settings)}
+    speeds = {k: float(np.mean([r["tokens_per_second"] for r in runs])) for k, runs in runs_of.items()}
+    by_setting = [{"trim_every_steps": k, "runs": len(runs), "tokens_per_second_mean": round(speeds[k], 1),
+                   "tokens_per_second_ratio": round(speeds[k] / speeds[settings[0]], 3),
+                   "minor_page_faults_mean": round(float(np.mean([r["minor_page_faults"] for r in runs])))}
+                  for k, runs in runs_of.items()]
     print(json.dumps({
         "benchmark": "sft_memory",
         "model": args.model,
