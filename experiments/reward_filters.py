@@ -19,7 +19,7 @@ little to teach about which move to make.
 
 ``--value`` adds the label of ``spa iterate --keep value``: the turns whose first move has
 the highest Monte-Carlo value at its state (the reward under random continuation on copies
-of the environment, ``spa.rl.values``), found by replaying each episode; it takes about a
+of the environment, ``spa.envs.lookahead``), found by replaying each episode; it takes about a
 minute for a thousand episodes.
 
 ``--group`` splits each level's samples into groups of that size, as ``spa iterate
@@ -38,7 +38,7 @@ import typer
 
 from spa.agent.rollout import Trajectory
 from spa.envs.frozen_lake import ACTIONS, FrozenLakeEnv
-from spa.rl.values import label_turns
+from spa.agent.labels import label_turns
 
 Episode = dict  # one trajectories.jsonl record
 #: A filter gives each well-formed turn of a group's episodes a weight (0: dropped).

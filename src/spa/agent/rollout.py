@@ -51,7 +51,7 @@ class Turn:
     # state it was taken in (0 when the first did not); None where the env has no solver.
     best_run: int | None = None
     # Whether the first action is among the best by Monte-Carlo value under random continuation
-    # (spa.rl.values.label_turns); None until labelled, which only keep="value" asks for.
+    # (spa.agent.labels.label_turns); None until labelled, which only keep="value" asks for.
     value_first: bool | None = None
 
     @property

@@ -125,7 +125,7 @@ class TextEnv(gym.Env, ABC):
 
     def legal_actions(self) -> tuple[str, ...] | None:
         """Every action worth trying in the current state, canonically spelt, for look-ahead
-        that compares them all (``spa.rl.values``); ``None`` where the environment does not
+        that compares them all (``spa.envs.lookahead``); ``None`` where the environment does not
         list them."""
         return None
 

@@ -14,7 +14,7 @@ the actions played), and one SFT run on them gives the next round's policy:
   correct moves taught; docs/making-rl-learn.md, "Correct moves from the model's own samples").
 * ``keep="value"``: the turns whose first action has the highest Monte-Carlo value at its
   state, the task's reward under random continuation on copies of the environment
-  (``spa.rl.values``): a per-turn label from the reward alone, where a solver is not needed;
+  (``spa.envs.lookahead``): a per-turn label from the reward alone, where a solver is not needed;
 * ``keep="best_grounded"``: in the world-model prompt, the best turns as written, each
   own ``<observation>`` / ``<prediction>`` in the loss only where it was right: VAGEN's
   reward for grounded states beside the solver's label (the ``vagen`` method under
@@ -75,7 +75,7 @@ class IterateConfig:
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
     keep: str = "winners"  # winners | best | best_prefix | best_grounded | value
-    value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.rl.values
+    value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.envs.lookahead
     value_horizon: int = SelfPlayConfig.value_horizon
     value_tolerance: float = SelfPlayConfig.value_tolerance
     new_levels: bool = True  # each round plays the next block of training levels, not the same ones

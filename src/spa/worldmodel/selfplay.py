@@ -55,7 +55,7 @@ from spa.agent.turnlog import TurnLog
 from spa.envs import env_class, env_names, has_solver, lists_actions, make
 from spa.eval.metrics import grid_cells
 from spa.rl.rewards import state_match
-from spa.rl.values import label_turns
+from spa.agent.labels import label_turns
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
@@ -89,7 +89,7 @@ class SelfPlayConfig:
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
     keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
     #                    | best_grounded (best, own states in the loss only where right)
-    #                    | value (first action best by Monte-Carlo value: spa.rl.values)
+    #                    | value (first action best by Monte-Carlo value: spa.envs.lookahead)
     value_rollouts: int = 128  # keep="value": random continuations per action and state
     value_horizon: int = 5  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best

@@ -6,7 +6,8 @@ import pytest
 
 from scripted import ScriptedEngine
 from spa.envs import make
-from spa.rl.values import action_values, best_by_value, label_turns
+from spa.agent.labels import label_turns
+from spa.envs.lookahead import action_values, best_by_value
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 
 CONFIGS = Path(__file__).parents[2] / "configs"
