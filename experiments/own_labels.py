@@ -22,7 +22,8 @@ import typer
 
 from spa import envs, precision
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, Trajectory, rollout
+from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import train_seeds
 from spa.cli.common import load
 from spa.models.engine import Engine, SamplingParams

@@ -36,7 +36,7 @@ from typing import Annotated, Callable
 
 import typer
 
-from spa.agent.rollout import Trajectory
+from spa.agent.trajectory import Trajectory
 from spa.envs.frozen_lake import ACTIONS, FrozenLakeEnv
 from spa.agent.labels import label_turns
 

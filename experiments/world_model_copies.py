@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from spa.agent.rollout import Trajectory
+from spa.agent.trajectory import Trajectory
 from spa.eval.metrics import pct_with_interval, world_model_accuracy
 
 COLUMNS = ("prediction_exact", "unchanged_rate", "prediction_changed_exact", "prediction_copied")

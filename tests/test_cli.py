@@ -110,7 +110,7 @@ def test_eval_rejects_a_bad_mode():
 
 def eval_folder(folder, outcomes, first_seed=10_000_000):
     """An evaluation folder's trajectories.jsonl: per level, the successes of its samples."""
-    from spa.agent.rollout import Trajectory
+    from spa.agent.trajectory import Trajectory
 
     folder.mkdir()
     runs = [Trajectory("frozenlake", {"size": 3}, seed=first_seed + level, group=level, sample=s, mode="state",

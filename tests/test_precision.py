@@ -9,7 +9,7 @@ from spa import precision
 from spa.config import ConfigError, load
 from spa.pipeline.recipe import Recipe
 from spa.rl.ppo import PPOConfig
-from spa.rl.rwml_train import RWMLConfig
+from spa.rl.rwml_config import RWMLConfig
 from spa.worldmodel.sft import SFTConfig
 
 

@@ -28,7 +28,8 @@ from rich.text import Text
 
 from spa import heap
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, Trajectory, rollout
+from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import EVAL_SEED_OFFSET
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.loading import spa_home

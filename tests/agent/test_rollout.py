@@ -5,7 +5,8 @@ import json
 import pytest
 
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
+from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.seeds import EVAL_SEED_OFFSET, eval_seeds, train_seeds
 from spa.envs import make
 from spa.eval.metrics import summarize

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import Trajectory
+from spa.agent.trajectory import Trajectory
 from spa.eval import evaluate as evaluate_module
 from spa.eval.evaluate import EvalConfig, evaluate, interval_rows, metric_rows
 from spa.eval.metrics import pass_at_k_interval, summarize

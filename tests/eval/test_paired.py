@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spa.agent.rollout import Trajectory
+from spa.agent.trajectory import Trajectory
 from spa.eval.metrics import normal_interval, summarize
 from spa.eval.paired import (compare_evaluations, paired_difference, paired_rate_difference, read_levels,
                              signed_pct_with_interval)

@@ -5,19 +5,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from spa.agent.grids import state_match
 from spa.rl.rewards import (
     EMBEDDING_TAU,
     WORLD_MODEL_REWARDS,
-    coordinate_facts,
     extract_prediction,
     get_reward,
     prediction_cell_reward,
     prediction_change_reward,
     prediction_embedding_reward,
     prediction_exact_reward,
-    split_state,
-    state_distance,
-    state_match,
     vagen_turn_reward,
 )
 
@@ -66,41 +63,6 @@ class TableEmbedder:
 ])
 def test_extract_prediction(completion, expected):
     assert extract_prediction(completion) == expected
-
-
-def test_split_state_and_coordinate_facts():
-    assert split_state(STATE) == (GRID, "Player at (1,4); Box at (2,3); Target at (2,4).")
-    assert split_state(SUDOKU)[1] == "Empty at none."
-    assert split_state(GRID) == (GRID, "")
-    assert coordinate_facts(STATE) == {("player", 1, 4), ("box", 2, 3), ("target", 2, 4)}
-    assert coordinate_facts("Hole at (1,0), (1, 1);\nGoal at (3,3).") == {
-        ("hole", 1, 0), ("hole", 1, 1), ("goal", 3, 3)}
-    assert coordinate_facts("Empty at none.") == set()
-
-
-# -- state_match (the VAGEN matcher) ---------------------------------------------------
-
-def test_state_match_identical_near_far_and_missing():
-    assert state_match(STATE, STATE) == 1.0
-    assert state_match(STATE.replace("\n", "\r\n  "), STATE) == 1.0  # spacing is not content
-    # One step off: grid 34/36 cells, coordinates F1 2/3.
-    assert state_match(MOVED, STATE) == pytest.approx(0.5 * 34 / 36 + 0.5 * 2 / 3)
-    # Statement order does not matter, only the facts.
-    reordered = GRID + "\nTarget at (2,4); Box at (2,3); Player at (1,4)."
-    assert state_match(reordered, STATE) == 1.0
-    assert state_match("I have no idea.", STATE) == 0.0
-    assert state_match(None, STATE) == 0.0 and state_match("", STATE) == 0.0
-    assert state_distance(STATE, STATE) == 0.0 and state_distance(None, STATE) == 1.0
-
-
-def test_state_match_other_grids():
-    far = "P_G_\nOO__\n_OO_\nO___\nPlayer at (0,0); Goal at (0,2)."
-    assert state_match(far, STATE) < 0.2
-    assert state_match(GRID, GRID) == 1.0  # a raw grid truth is scored by its grid alone
-    assert state_match(GRID.replace("P", "_"), GRID) == pytest.approx(35 / 36)
-    assert state_match(SUDOKU, SUDOKU) == 1.0
-    # A full Sudoku: nothing to state, and nothing stated.
-    assert state_match(SUDOKU.split("\nEmpty")[0], SUDOKU) == 1.0
 
 
 # -- prediction rewards ------------------------------------------------------------------
@@ -175,7 +137,7 @@ def test_registry():
 # -- VAGEN turn reward -------------------------------------------------------------------
 
 def make_turn(state_before, state_after, *, observation="", prediction="", format_ok=True):
-    """The fields of ``spa.agent.rollout.Turn`` that the turn reward reads."""
+    """The fields of ``spa.agent.trajectory.Turn`` that the turn reward reads."""
     return SimpleNamespace(state_before=state_before, state_after=state_after,
                            observation=observation, prediction=prediction, format_ok=format_ok)
 

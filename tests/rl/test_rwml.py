@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spa.agent.prompts import example_turn
-from spa.agent.rollout import Trajectory, Turn
+from spa.agent.trajectory import Trajectory, Turn
 from spa.envs import make
 from spa.rl.rewards import extract_prediction
 from spa.rl.rwml import (

@@ -13,8 +13,8 @@ from spa.rl.batch import Sample, collate, policy_forward
 from spa.rl.logger import read_metrics
 from spa.rl.ppo import resume_point
 from spa.rl.rwml import Triplet, collect_triplets, load_triplets, prompt_ids
-from spa.rl.rwml_train import (RWMLConfig, batch_indices, grpo_samples, is_copy, prediction_accuracy,
-                               sampling_predictor, train)
+from spa.rl.rwml_config import RWMLConfig
+from spa.rl.rwml_train import batch_indices, grpo_samples, is_copy, prediction_accuracy, sampling_predictor, train
 from tests.scripted import ScriptedEngine
 
 BEFORE = "#####\n#P_O#\n#####\nPlayer at (1,1); Target at (1,3)."

@@ -23,14 +23,11 @@ import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from spa.agent.trajectory import Turn
 from spa.io import atomic_write_text
-
-if TYPE_CHECKING:
-    from spa.agent.rollout import Turn
 
 
 class TurnLog:

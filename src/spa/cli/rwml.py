@@ -41,7 +41,8 @@ def rwml(
 
     Reports the next-state accuracy before and after.
     """
-    from spa.rl.rwml_train import RWMLConfig, run
+    from spa.rl.rwml_config import RWMLConfig
+    from spa.rl.rwml_train import run
 
     make_env(env, option)
     base = dict(exploration=exploration, episodes=episodes, samples=samples, max_turns=max_turns,

@@ -36,7 +36,8 @@ import numpy as np
 
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import build_messages, state_block
-from spa.agent.rollout import RolloutConfig, Trajectory, _play_turn
+from spa.agent.rollout import RolloutConfig, _play_turn
+from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import eval_seeds
 from spa.envs import TextEnv, make
 from spa.envs.frozen_lake import ACTIONS as LAKE_ACTIONS

@@ -10,6 +10,8 @@ from statistics import NormalDist, mean, stdev, variance
 
 import numpy as np
 
+from spa.agent.grids import cell_accuracy, exact_match, grid_exact
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased Pass@k from ``n`` samples of which ``c`` succeeded (Chen et al., 2021).
@@ -23,55 +25,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
-def _lines(text: str) -> list[str]:
-    """Non-empty lines with runs of whitespace collapsed (formatting is not content)."""
-    return [" ".join(line.split()) for line in text.strip().splitlines() if line.strip()]
-
-
-def exact_match(predicted: str, truth: str) -> bool:
-    """Whether two state texts agree line by line, ignoring blank lines and spacing."""
-    return _lines(predicted) == _lines(truth)
-
-
-def _cells(row: str, spaced: bool) -> list[str]:
-    return row.split() if spaced else list(row.replace(" ", ""))
-
-
-def grid_cells(grid: str) -> list[list[str]]:
-    """The grid's rows as lists of cells: characters, or whitespace-separated tokens when
-    the grid is written that way (Sudoku)."""
-    rows = _lines(grid)
-    spaced = bool(rows) and " " in rows[0]
-    return [_cells(row, spaced) for row in rows]
-
-
-def aligned_cells(predicted: str, true_grid: str) -> list[list[str]]:
-    """The predicted grid, read as the true grid is written: the prediction's first rows
-    (at most as many as the true grid has), split into characters, or into
-    whitespace-separated tokens when the true grid is written that way (Sudoku)."""
-    truth_rows = _lines(true_grid)
-    spaced = bool(truth_rows) and " " in truth_rows[0]
-    return [_cells(row, spaced) for row in _lines(predicted)[: len(truth_rows)]]
-
-
-def cell_accuracy(predicted: str, true_grid: str) -> float:
-    """Fraction of the true grid's cells that the predicted text reproduces in place.
-
-    The predicted grid is ``aligned_cells``; a missing row or cell counts as wrong, extra
-    ones are ignored.
-    """
-    truth = grid_cells(true_grid)
-    if not truth:
-        return 0.0
-    pred = aligned_cells(predicted, true_grid)
-    total = correct = 0
-    for i, truth_cells in enumerate(truth):
-        pred_cells = pred[i] if i < len(pred) else []
-        total += len(truth_cells)
-        correct += sum(p == t for p, t in zip(pred_cells, truth_cells))
-    return correct / total
 
 
 def _level_outcomes(trajectories) -> dict[int, list[bool]]:
@@ -171,18 +124,12 @@ def world_model_accuracy(turns) -> dict:
         "prediction_exact": mean(predicted),
         "observation_cell_acc": mean(cell_accuracy(t.observation, t.grid_before) for t in turns),
         "prediction_cell_acc": mean(cell_accuracy(t.prediction, t.grid_after) for t in turns),
-        "observation_grid_exact": mean(_grid_exact(t.observation, t.grid_before) for t in turns),
-        "prediction_grid_exact": mean(_grid_exact(t.prediction, t.grid_after) for t in turns),
+        "observation_grid_exact": mean(grid_exact(t.observation, t.grid_before) for t in turns),
+        "prediction_grid_exact": mean(grid_exact(t.prediction, t.grid_after) for t in turns),
         "unchanged_rate": mean(unchanged),
-        "prediction_copied": mean(_grid_exact(t.prediction, t.grid_before) for t in turns),
+        "prediction_copied": mean(grid_exact(t.prediction, t.grid_before) for t in turns),
         "prediction_changed_exact": mean(changed) if changed else None,
     }
-
-
-def _grid_exact(predicted: str, true_grid: str) -> bool:
-    """Whether the first rows of the predicted text are exactly the true grid."""
-    rows = len(_lines(true_grid))
-    return _lines(predicted)[:rows] == _lines(true_grid)
 
 
 def pass_at_k_interval(trajectories, k: int, z: float = 1.96) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from spa.envs import make
 from spa.envs.base import TextEnv
 from spa.models.device import model_device
 from spa.models.kv import cache_arg, returned_cache
-from spa.worldmodel.tokenize import encode_with_mask
+from spa.models.tokens import encode_with_mask
 
 
 def sample_states(env_name: str, num_states: int, env_config: dict | None = None,

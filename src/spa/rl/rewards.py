@@ -9,7 +9,7 @@
 * VAGEN-style online world modelling: a per-turn shaping reward for the
   ``<observation>`` and ``<prediction>`` spans plus a format reward
   (``vagen_turn_reward``). VAGEN asks an LLM judge whether a state is right; we use the
-  deterministic matcher ``state_match`` instead (DESIGN.md).
+  deterministic matcher ``spa.agent.grids.state_match`` instead (DESIGN.md).
 
 Every reward is 0 for a completion with no ``<prediction>`` block. Extra keyword
 arguments (TRL passes ``prompts``, ``completion_ids``, dataset columns...) are ignored.
@@ -17,10 +17,9 @@ arguments (TRL passes ``prompts``, ``completion_ids``, dataset columns...) are i
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
-from spa.eval.metrics import aligned_cells, cell_accuracy, exact_match, grid_cells
+from spa.agent.grids import aligned_cells, cell_accuracy, exact_match, grid_cells, split_state, state_match
 
 #: RWML's threshold on the cosine distance. The paper's value is not in the seed
 #: document, so it is calibrated for all-MiniLM-L6-v2 on our grid states, where the
@@ -32,9 +31,6 @@ from spa.eval.metrics import aligned_cells, cell_accuracy, exact_match, grid_cel
 #: judging grids with a sentence embedding, which is why "exact" and "cell" exist.
 EMBEDDING_TAU = 0.003
 
-_COORD_LINE = re.compile(r"^\s*[A-Za-z][A-Za-z ]*?\s+at\s+(\(|none\b)", re.IGNORECASE)
-_FACT = re.compile(r"([A-Za-z][A-Za-z ]*?)\s+at\s+([^;\n]*)", re.IGNORECASE)
-_PAIR = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 _OPEN, _CLOSE = "<prediction>", "</prediction>"
 
 
@@ -69,68 +65,6 @@ def extract_prediction(completion) -> str | None:
     return text[start : text.find(_CLOSE, start)].strip() or None
 
 
-def split_state(text: str) -> tuple[str, str]:
-    """Split a state text into (grid, coordinate description).
-
-    The description starts at the first line that reads ``Name at (r,c)`` or
-    ``Name at none`` (``TextEnv.describe``); grid rows never do. Blank lines are dropped.
-    """
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        if _COORD_LINE.match(line):
-            return "\n".join(lines[:i]), "\n".join(lines[i:])
-    return "\n".join(lines), ""
-
-
-def coordinate_facts(text: str) -> set[tuple[str, int, int]]:
-    """``(entity, row, col)`` facts of every ``Entity at (r,c), (r,c)...`` statement in ``text``.
-
-    Entity names are lower-cased; statements are separated by ``;`` or line ends.
-    """
-    facts = set()
-    for name, positions in _FACT.findall(text):
-        entity = name.strip().lower()
-        facts.update((entity, int(r), int(c)) for r, c in _PAIR.findall(positions))
-    return facts
-
-
-def _f1(predicted: set, truth: set) -> float:
-    if not predicted and not truth:
-        return 1.0  # nothing to state (a full Sudoku) and nothing stated
-    hits = len(predicted & truth)
-    return 2 * hits / (len(predicted) + len(truth))
-
-
-def state_match(pred_text: str | None, true_text: str) -> float:
-    """Deterministic similarity of a predicted state to the true one, in [0, 1].
-
-    The mean of two scores, when the true state has a coordinate description:
-    * grid: ``cell_accuracy`` of the prediction's first rows against the true grid;
-    * coordinates: F1 of the ``(entity, row, col)`` facts the prediction states against
-      the true ones (VAGEN's symbolic states are also scored by an F1 over matched
-      objects).
-    A raw grid without a description is scored by the grid alone. Identical states
-    score 1, no prediction 0. The layout of a level is mostly static (walls), so the
-    grid score is generous and the coordinate score does the discriminating: copying
-    the state before a move scores about 0.8 in 6x6 Sokoban (grid ~0.94, coordinates
-    2/3) and 0.92 in 4x4 Sudoku (one cell of 16), a different level of the same game
-    0.3-0.4 (median over 40 seeds), text without grid or coordinates 0.
-    """
-    if not pred_text:
-        return 0.0
-    true_grid, true_coords = split_state(true_text)
-    grid_score = cell_accuracy(pred_text, true_grid) if grid_cells(true_grid) else 0.0
-    if not true_coords:
-        return grid_score
-    coord_score = _f1(coordinate_facts(pred_text), coordinate_facts(true_coords))
-    return 0.5 * grid_score + 0.5 * coord_score
-
-
-def state_distance(pred_text: str | None, true_text: str) -> float:
-    """``1 - state_match``: 0 for identical states, 1 for a missing prediction."""
-    return 1.0 - state_match(pred_text, true_text)
-
-
 def _check_lengths(completions, states, name: str = "targets") -> None:
     if len(completions) != len(states):
         raise ValueError(
@@ -142,7 +76,7 @@ def _check_lengths(completions, states, name: str = "targets") -> None:
 def prediction_exact_reward(completions, *, targets, **_) -> list[float]:
     """1.0 when the predicted state equals the target state, else 0.0.
 
-    Equality is ``spa.eval.metrics.exact_match`` (the evaluation's ``prediction_exact``):
+    Equality is ``spa.agent.grids.exact_match`` (the evaluation's ``prediction_exact``):
     line ends may be ``\\n`` or ``\\r\\n``, blank lines and leading/trailing spaces of a
     line are ignored and runs of spaces count as one; every other character must match.
     """
@@ -256,7 +190,7 @@ def get_reward(name: str) -> Callable[..., list[float]]:
 
 def vagen_turn_reward(turn, beta_s: float = 0.5, beta_w: float = 0.5,
                       format_reward: float = 0.5) -> float:
-    """VAGEN-style shaping reward of one ``spa.agent.rollout.Turn``, added to its env reward.
+    """VAGEN-style shaping reward of one ``spa.agent.trajectory.Turn``, added to its env reward.
 
     ``format_reward * 1[format_ok] + beta_s * state_match(observation, state_before)
     + beta_w * state_match(prediction, state_after)``, with VAGEN's beta_s = beta_w = 0.5

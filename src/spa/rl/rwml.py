@@ -28,19 +28,18 @@ import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
+from spa.agent.grids import state_distance
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import example_turn
 from spa.agent.seeds import eval_seeds
 from spa.envs import make
 from spa.envs.base import TextEnv
 from spa.io import write_jsonl
-from spa.rl.rewards import embedding_distances, state_distance  # noqa: F401 - re-exported
+from spa.rl.rewards import embedding_distances
+from spa.rl.rwml_config import RWMLConfig
 from spa.worldmodel.selfplay import SelfPlayConfig, collect, random_exploration
-
-if TYPE_CHECKING:
-    from spa.rl.rwml_train import RWMLConfig
 
 
 #: Distance of the default filter (``1 - state_match``) below which a prediction counts
@@ -84,7 +83,7 @@ def _valid_actions(turn) -> list[str]:
 
 def triplets_from_trajectories(trajectories, history_turns: int | None = 0,
                                require_format: bool = True) -> list[Triplet]:
-    """One ``Triplet`` per usable turn of ``trajectories`` (``spa.agent.rollout.Trajectory``).
+    """One ``Triplet`` per usable turn of ``trajectories`` (``spa.agent.trajectory.Trajectory``).
 
     A turn is dropped when none of its actions was valid (the "transition" would be the
     identity, which teaches copying) or, with ``require_format``, when its response was

@@ -35,16 +35,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable
 
 import numpy as np
 import torch
 
 from spa import distributed, interrupt
 from spa import precision as precision_
-from spa.eval.metrics import aligned_cells, exact_match, grid_cells
+from spa.agent.grids import aligned_cells, exact_match, grid_cells, split_state, state_match
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.device import model_device
@@ -57,112 +57,13 @@ from spa.rl.logger import MetricsLogger
 from spa.rl.minibatches import local_table
 from spa.rl.ppo import PPOConfig, resume_point, save_checkpoint, update_actor
 from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward, prediction_cell_reward,
-                            prediction_embedding_reward, prediction_exact_reward, split_state, state_match)
+                            prediction_embedding_reward, prediction_exact_reward)
 from spa.rl.rwml import (Triplet, collect_triplets, eval_triplets, fingerprint, load_triplets, prompt_ids,
                          save_triplets)
-from spa.worldmodel.selfplay import EXPLORATION
+from spa.rl.rwml_config import RWMLConfig
 
 #: Generation stops once the prediction block is closed: nothing after it is scored.
 STOP = "</prediction>"
-FILTER_DISTANCES = ("state", "embedding")
-ADVANTAGES = ("grpo", "grpo_no_std")
-
-
-@dataclass
-class RWMLConfig:
-    """Hyper-parameters of the RWML stage: data, filter, GRPO and evaluation."""
-
-    # -- data: rollouts -> triplets
-    exploration: str = "self_play"  # self_play: the policy plays (paper) | random: random valid actions
-    episodes: int = 1280  # training episodes (as SPA's self-play: 160 seeds x 8)
-    samples: int = 8  # episodes per training seed
-    seed_start: int = 0  # first training seed
-    max_turns: int = 5  # turns per episode
-    max_actions_per_turn: int = 3  # actions per turn (one triplet per turn holds them all)
-    rollout_max_new_tokens: int = 400  # new-token cap per self-play turn
-    history_turns: int = 0  # earlier turns in the prompt: 0, the states are fully observable
-    # A malformed turn's actions were still applied, so its transition is true: keep it
-    # (the tiny default model rarely writes a well-formed turn). True drops it.
-    require_format: bool = False
-    # Identical triplets (same prompt, same next state) are kept once: they would fill a
-    # batch with copies of one prompt. Slippery outcomes differ in next state and stay.
-    dedupe: bool = True
-    # -- the too-easy filter (paper: K samples all within tau -> keep with p = 0.1)
-    filter: bool = True
-    filter_model: str = ""  # model that predicts for the filter; "": the policy at the start
-    filter_k: int = 8  # predictions per triplet (paper: K; 8 = the group size)
-    filter_distance: str = "state"  # state: 1 - state_match (deterministic) | embedding: 1 - cos
-    filter_tau: float = 0.0  # 0: the distance's default (state 0.05, embedding: tau)
-    filter_keep_prob: float = 0.1  # paper: 0.1
-    # -- GRPO
-    steps: int = 100  # not in the seed document; ~one pass over the default data at batch 32
-    batch_size: int = 32  # triplets per step (each a group of group_size predictions)
-    group_size: int = 8  # predictions per triplet (paper: 8)
-    reward: str = "embedding"  # embedding (paper) | exact | cell | change (copies score 0.5)
-    tau: float = EMBEDDING_TAU  # threshold of the embedding reward, see spa.rl.rewards
-    binary: bool = True  # embedding reward: 1[d < tau] (paper); False: the cosine (ablation)
-    embedding_model: str = "all-minilm-l6-v2"  # E of the reward: the packaged model or a folder
-    advantage: str = "grpo"  # grpo: (r - mean) / std | grpo_no_std: r - mean (Dr. GRPO)
-    skip_flat_groups: bool = True  # groups with all-equal rewards have zero advantage: skip them
-    lr: float = 1e-6  # paper: 1e-6 (CPU quick budgets need ~1e-5 to move in a few steps)
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float = 3.0
-    entropy_coef: float = 1e-3
-    aggregation: str = "token-mean"
-    ppo_epochs: int = 1
-    minibatch_size: int = 64  # completions per optimizer step (a step has batch x group)
-    micro_batch_size: int = 8  # completions per forward/backward
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0  # sampling of the group (paper: 1)
-    top_p: float = 1.0
-    max_new_tokens: int = 200  # per prediction: a state is ~45-70 tokens, the rest is for reasoning
-    # -- evaluation, checkpoints
-    eval_seeds: int = 32  # held-out seeds explored at random for prediction_accuracy; 0: none
-    eval_every: int = 0  # also evaluate every N steps (the start and the end always are)
-    save_every: int = 10  # checkpoint every N steps (and at the end)
-    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
-    tensorboard: bool = True
-    seed: int = 0
-
-    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
-
-    def __post_init__(self) -> None:
-        self.precision = precision_.check(self.precision)
-        get_reward(self.reward)  # an unknown name lists the valid ones
-        core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
-        choices = {"exploration": EXPLORATION, "filter_distance": FILTER_DISTANCES, "advantage": ADVANTAGES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not known; valid: {', '.join(allowed)}")
-        checks = {
-            "episodes": self.episodes >= 1 and self.episodes % max(self.samples, 1) == 0,
-            "samples": self.samples >= 1, "seed_start": self.seed_start >= 0,
-            "max_turns": self.max_turns >= 1, "max_actions_per_turn": self.max_actions_per_turn >= 1,
-            "rollout_max_new_tokens": self.rollout_max_new_tokens >= 1, "history_turns": self.history_turns >= 0,
-            "filter_k": self.filter_k >= 1, "filter_tau": self.filter_tau >= 0,
-            "filter_keep_prob": 0 <= self.filter_keep_prob <= 1, "steps": self.steps >= 1,
-            "batch_size": self.batch_size >= 1, "group_size": self.group_size >= 2, "tau": self.tau > 0,
-            "lr": self.lr >= 0, "dual_clip": self.dual_clip > 1, "ppo_epochs": self.ppo_epochs >= 1,
-            "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
-            "temperature": self.temperature > 0, "top_p": 0 < self.top_p <= 1,
-            "max_new_tokens": self.max_new_tokens >= 1, "eval_seeds": self.eval_seeds >= 0,
-            "eval_every": self.eval_every >= 0, "save_every": self.save_every >= 1,
-        }
-        hints = {"episodes": f" (a positive multiple of samples={self.samples})",
-                 "group_size": " (GRPO compares at least 2 predictions)", "temperature": " (GRPO samples)"}
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is out of range{hints.get(name, '')}")
-
-    def actor_config(self) -> PPOConfig:
-        """The ``PPOConfig`` that ``update_actor`` reads: clip, entropy, minibatches; no KL."""
-        return PPOConfig(algorithm="grpo", advantage=self.advantage, actor_lr=self.lr, clip_low=self.clip_low,
-                         clip_high=self.clip_high, dual_clip=self.dual_clip, entropy_coef=self.entropy_coef,
-                         kl_coef=0.0, aggregation=self.aggregation, ppo_epochs=self.ppo_epochs,
-                         minibatch_size=self.minibatch_size, micro_batch_size=self.micro_batch_size,
-                         max_grad_norm=self.max_grad_norm, precision=self.precision, temperature=self.temperature,
-                         tensorboard=False, seed=self.seed)
 
 
 # ---------------------------------------------------------------------------- the filter model
@@ -205,7 +106,7 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
 
     One greedy prediction per triplet (the RWML prompt, stop at ``</prediction>``), scored
     against the true next state: ``exact`` (``prediction_exact_reward``), ``cell`` (per-cell
-    accuracy of the grid), ``state_match`` (grid + coordinates, ``spa.rl.rewards``),
+    accuracy of the grid), ``state_match`` (grid + coordinates, ``spa.agent.grids``),
     ``embedding`` (rate of RWML's reward 1, only with an ``embedder``), ``found`` (share
     with a prediction block), ``copied`` (share whose grid repeats the grid before the
     actions, ``is_copy``: the trivial wrong answer) and ``changed_exact`` (``exact`` over the triplets

@@ -31,7 +31,7 @@ no unlabelled move rides along). With a filter, self-play data may use any promp
 the model's own response, answer rewritten to the actions played, is the target.
 ``best_grounded`` (``world_model`` mode) keeps the best turns as the model wrote them and
 takes out of the SFT loss each of its own ``<observation>`` / ``<prediction>`` that did not
-match the true state exactly (``spa.rl.rewards.state_match`` below 1; the example's
+match the true state exactly (``spa.agent.grids.state_match`` below 1; the example's
 ``masked_states``): VAGEN's reward for grounded states as a loss mask beside the solver's
 label for the move, with no ground-truth text ever shown to the policy. A filter on right
 states instead would keep almost nothing: a format bootstrap's predictions are exact in
@@ -47,14 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from spa.agent.grids import grid_cells, state_match
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
-from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
+from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.seeds import train_seeds
 from spa.agent.turnlog import TurnLog
 from spa.envs import env_class, env_names, has_solver, lists_actions, make
-from spa.eval.metrics import grid_cells
-from spa.rl.rewards import state_match
 from spa.agent.labels import label_turns
 
 STATES = ("ground_truth", "self_belief")

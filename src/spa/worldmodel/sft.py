@@ -42,13 +42,14 @@ import torch
 
 from spa import distributed, heap, interrupt
 from spa import precision as precision_
-from spa.eval.metrics import exact_match
+from spa.agent.grids import exact_match
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
 from spa.models.shared_prefix import hidden_states
+from spa.models.tokens import TokenizedExample
 from spa.progress import Bar, quiet_hf_bars
-from spa.worldmodel.tokenize import TokenizedExample, tokenize_example
+from spa.worldmodel.tokenize import tokenize_example
 
 #: The mid-epoch resume point in an SFT output folder, and the file there that says where
 #: in which epoch it is (readable without loading the state).

@@ -15,16 +15,8 @@ depend on how the template splits text into tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-
-@dataclass
-class TokenizedExample:
-    input_ids: list[int]
-    loss_mask: list[bool]  # True where the token is a training target
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
+from spa.models.tokens import TokenizedExample, encode_with_mask
 
 
 def _span(text: str, open_tag: str, close_tag: str, start: int = 0) -> tuple[int, int] | None:
@@ -52,17 +44,3 @@ def tokenize_example(tokenizer, messages: list[dict], response: str,
     tags = ("observation", "prediction") if mask_states else masked
     excluded = [s for s in (_content(text, tag, len(prompt)) for tag in tags) if s]
     return encode_with_mask(tokenizer, text, trained, excluded)
-
-
-def encode_with_mask(tokenizer, text: str, include: list[tuple[int, int]],
-                     exclude: list[tuple[int, int]] = ()) -> TokenizedExample:
-    """Token ids of ``text``; a token is marked when its characters lie entirely inside
-    an ``include`` span and not entirely inside an ``exclude`` span."""
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-
-    def inside(a: int, b: int, spans) -> bool:
-        return any(lo <= a and b <= hi for lo, hi in spans)
-
-    mask = [b > a and inside(a, b, include) and not inside(a, b, exclude)
-            for a, b in encoded["offset_mapping"]]
-    return TokenizedExample(list(encoded["input_ids"]), mask)
