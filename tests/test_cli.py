@@ -271,6 +271,27 @@ def test_selfplay_rejects_bad_ablation_values(tmp_path):
     assert result.exit_code == 2 and "coords='fuzzy'" in flat(result.output)
 
 
+def test_selfplay_that_keeps_no_example_fails_naming_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr("spa.demo.spa_home", lambda: tmp_path)
+    out = tmp_path / "x.jsonl"
+    args = ["selfplay", "-e", "frozenlake", "-m", "tiny", "--out", str(out), "--episodes", "2", "--samples", "1",
+            "--max-turns", "1", "--max-new-tokens", "4"]
+    result = runner.invoke(app, args, terminal_width=200)  # a random model never writes the format
+    assert result.exit_code == 1, result.output
+    text = flat(result.output)
+    assert "no example kept (2 turns played, 2 malformed," in text
+    assert "Add --bootstrap-episodes 64" in text and "spa run configs/frozenlake-spa.yaml --preset quick" in text
+    assert not out.exists() and not out.with_suffix(".partial.jsonl").exists()
+    result = runner.invoke(app, args + ["--bootstrap-episodes", "2"], terminal_width=200)
+    assert result.exit_code == 1, result.output
+    text = flat(result.output)
+    assert "format bootstrap: " in text and "after a 2-episode format bootstrap" in text
+    (cache,) = (tmp_path / "demo").iterdir()
+    assert json.loads((cache / "bootstrap.json").read_text())["key"]["turns"] == 1
+    result = runner.invoke(app, args + ["--bootstrap-episodes", "2", "--exploration", "random"], terminal_width=200)
+    assert result.exit_code == 2 and "needs --exploration self_play" in flat(result.output)
+
+
 def test_sft_with_lora_writes_a_plain_checkpoint_and_its_adapters(tmp_path):
     data = tmp_path / "fl.jsonl"
     runner.invoke(app, ["selfplay", "-e", "frozenlake", "--out", str(data), "--episodes", "4", "--samples", "2",

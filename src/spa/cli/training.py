@@ -7,11 +7,13 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console,
-                            example, load, load_for_training, make_env, parse_options, prompt_config, settings)
+from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, compute_precision,
+                            console, example, load, load_for_training, make_env, parse_options, prompt_config,
+                            settings)
 
 
-@app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 64"))
+@app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 8 \\\n"
+                            "    --bootstrap-episodes 64"))
 def selfplay(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
@@ -34,6 +36,11 @@ def selfplay(
                                          "its leading best actions), best_grounded (best, own states in the loss "
                                          "only where right) or value (first action best by Monte-Carlo value: "
                                          "the task's reward under random continuation): rejection sampling."),
+    bootstrap_episodes: int = typer.Option(0, min=0, help="Format bootstrap before the play: one SFT epoch on "
+                                           "this many random-exploration episodes with the true states, as spa "
+                                           "run and spa demo do (cached in $SPA_HOME/demo). The default model "
+                                           "cannot write the world-model format without it (spa run's quick preset "
+                                           "and spa demo use 64). 0: none."),
     dtype: str = DtypeOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,
@@ -41,7 +48,7 @@ def selfplay(
     """Self-play world-model data with true states, as SFT examples.
 
     The model plays; the states it imagined are replaced by the true ones and each
-    well-formed turn becomes one SFT example.
+    well-formed turn becomes one SFT example. A play that keeps no example is an error.
     """
     from spa.agent.turnlog import TurnLog
     from spa.io import write_json, write_jsonl
@@ -58,8 +65,13 @@ def selfplay(
             drop_no_valid_action=drop_no_valid_action, seed=seed, mode=mode, keep=keep)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    if bootstrap_episodes and (exploration != "self_play" or mode != "world_model"):
+        raise typer.BadParameter("--bootstrap-episodes teaches the world-model format to the model that plays: "
+                                 "it needs --exploration self_play and --mode world_model")
     engine = tokenizer = None
     if exploration == "self_play":
+        if bootstrap_episodes:
+            model = _bootstrapped(model, config, bootstrap_episodes, dtype)
         lm, tokenizer = load(model, dtype)
         engine = Engine(lm, tokenizer)
     start = time.perf_counter()
@@ -67,6 +79,10 @@ def selfplay(
     with turn_progress("self-play", max_turns) as on_turn, log:
         trajectories = collect(engine, tokenizer, config, on_turn=on_turn, log=log)
     examples, stats = build_examples(trajectories, config)
+    if not examples:
+        log.finish()
+        console.print(f"[red]error:[/red] {_no_example(stats, bootstrap_episodes)}", highlight=False)
+        raise typer.Exit(1)
     stats["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_jsonl(out, examples)
     write_json(Path(out).with_suffix(".stats.json"), stats)
@@ -76,6 +92,32 @@ def selfplay(
                   f"valid action, {stats['dropped_by_filter']} by --keep dropped); "
                   f"episode success {100 * stats['success_rate']:.1f}%; "
                   f"{stats['wall_seconds']} s -> {out}")
+
+
+def _bootstrapped(model: str, config, episodes: int, dtype: str) -> str:
+    """``model`` after spa demo's format bootstrap in the play's environment and turn limits."""
+    from spa.demo import DemoConfig, bootstrapped
+
+    compute_precision(dtype)  # a bad name is a clean CLI error before any training
+    demo = DemoConfig(env=config.env, options=dict(config.env_config), turns=config.max_turns,
+                      max_actions=config.max_actions_per_turn, bootstrap_episodes=episodes, precision=dtype)
+    return str(bootstrapped(model, demo, lambda text: console.print(text, highlight=False)))
+
+
+def _no_example(stats: dict, bootstrap_episodes: int) -> str:
+    """Why the play kept no example, with the counts, and what to do about it."""
+    counts = (f"{stats['turns']} turns played, {stats['dropped_malformed']} malformed, "
+              f"{stats['dropped_no_valid_action']} without a valid action, {stats['dropped_by_filter']} "
+              "dropped by --keep")
+    if 2 * stats["dropped_malformed"] < stats["turns"]:  # mostly well-formed: the filters dropped them
+        return f"no example kept ({counts}): play more --episodes, or keep more (--keep, --drop-no-valid-action)"
+    if bootstrap_episodes:
+        return (f"no example kept ({counts}): the model still cannot write the world-model format after a "
+                f"{bootstrap_episodes}-episode format bootstrap; give --bootstrap-episodes more episodes")
+    recipe = f"configs/{stats['config']['env']}-spa.yaml"
+    return (f"no example kept ({counts}): the model cannot write the world-model format yet. Add "
+            "--bootstrap-episodes 64 (one SFT epoch on random-exploration turns first), or run the whole method "
+            f"with spa run {recipe} --preset quick, which bootstraps the format itself")
 
 
 @app.command(epilog=example("spa sft --data data/fl.jsonl --out ckpt/fl-sft --epochs 1"))
