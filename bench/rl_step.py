@@ -8,7 +8,8 @@ step, ``--max-turns``, ``--max-actions``, the same training seeds, ``keep_fracti
 * ``baseline``, the earlier default path: PPO with a critic, the ``world_model`` prompt,
   200 new tokens per turn, state text in the policy loss, flat groups trained, advantages
   not whitened;
-* ``spa``, the cheaper path (flags below): GRPO (no critic), the plain ``base``
+* ``spa``, the default learner (flags below): GRPO's loss with per-turn Monte-Carlo
+  advantages (``--advantage mc``, random continuations; no critic), the plain ``base``
   think/answer prompt (the SPA release's PPO stage uses it after world-model SFT), 64 new
   tokens per turn; the other RL settings are ``PPOConfig``'s defaults.
 
@@ -16,8 +17,9 @@ Each runs ``1 + --steps`` RL steps; the first is a warm-up (allocator, kernels, 
 engine's packing) and is left out of every average. Per configuration the JSON gives
 episodes per hour (episodes per step / mean step seconds), generated and trained tokens
 per step, and seconds per phase: rollout, old log-probs (always 0: spa trains against
-the sampler's own log-probs, no recompute pass), advantages (the critic's value pass and
-GAE; GRPO only normalises scores in groups), actor update, critic update, and the rest of
+the sampler's own log-probs, no recompute pass), look-ahead (the Monte-Carlo continuations of
+``advantage=mc``; ``lookahead_share`` is its share of the step), advantages (the critic's
+value pass and GAE; GRPO only normalises scores in groups), actor update, critic update, and the rest of
 the step (group filter, building the training turns). ``speedup`` = spa episodes per hour
 / baseline episodes per hour. Checkpoints are not written (``save_checkpoint`` is made a
 no-op here): how often a run saves is a choice of ``save_every``, not a per-episode cost,
@@ -87,8 +89,8 @@ BOOTSTRAP_VERSION = "rl_step-bootstrap-v1"
 BASELINE = {"algorithm": "ppo", "mode": "world_model", "max_new_tokens": 200, "state_tokens_in_loss": True,
             "drop_flat_groups": False, "whiten_advantages": False}
 
-PHASES = {"rollout": "time/rollout_s", "old_logprobs": None, "advantages": "time/advantages_s",
-          "actor_update": "time/actor_s", "critic_update": "time/critic_s"}
+PHASES = {"rollout": "time/rollout_s", "old_logprobs": None, "lookahead": "time/lookahead_s",
+          "advantages": "time/advantages_s", "actor_update": "time/actor_s", "critic_update": "time/critic_s"}
 
 
 def log(message: str) -> None:
@@ -158,8 +160,8 @@ def rl_config(args, settings: dict, overrides: list[str]) -> PPOConfig:
             "actor_lr": args.actor_lr, "critic_lr": args.critic_lr, "minibatch_size": args.minibatch_size,
             "micro_batch_size": args.micro_batch_size, "precision": args.dtype, "tensorboard": False,
             "eval_every": 0, "save_every": 1 + args.steps, "seed": args.seed}
-    data.update({k: settings[k] for k in ("state_tokens_in_loss", "drop_flat_groups", "whiten_advantages")
-                 if k in settings})
+    data.update({k: settings[k] for k in ("advantage", "state_tokens_in_loss", "drop_flat_groups",
+                                          "whiten_advantages") if k in settings})
     return config_.load(PPOConfig, data, overrides)
 
 
@@ -192,10 +194,12 @@ def measure(name: str, start: str, mode: str, config: PPOConfig, args) -> dict:
                      "state_tokens_in_loss": config.state_tokens_in_loss,
                      "drop_flat_groups": config.drop_flat_groups, "whiten_advantages": config.whiten_advantages,
                      "minibatch_size": config.minibatch_size, "micro_batch_size": config.micro_batch_size,
-                     "actor_lr": config.actor_lr, "critic_lr": config.critic_lr, "critic": config.algorithm == "ppo"},
+                     "actor_lr": config.actor_lr, "critic_lr": config.critic_lr, "critic": config.uses_critic,
+                     "advantage": config.advantage, "mc_rollouts": config.mc_rollouts},
         "episodes_per_hour": round(episodes * 3600 / step_s, 1),
         "step_seconds": round(step_s, 2),
         "phases_s": {k: round(v, 4) for k, v in phases.items()},
+        "lookahead_share": round(phases["lookahead"] / step_s, 4) if step_s else 0.0,
         "generated_tokens_per_step": round(mean(generated)),
         "generated_tokens_per_episode": round(mean(generated) / episodes, 1),
         "trained_tokens_per_step": round(mean(trained)),
@@ -240,6 +244,8 @@ def main() -> None:
     parser.add_argument("--minibatch-size", type=int, default=16, help="turns per optimizer step")
     parser.add_argument("--micro-batch-size", type=int, default=4, help="turns per forward/backward")
     parser.add_argument("--algorithm", default="grpo", choices=ALGORITHMS, help="spa side (default grpo)")
+    parser.add_argument("--advantage", default="mc", help="spa side's advantage estimator (default mc: "
+                        "per-turn Monte-Carlo advantages, random continuations)")
     parser.add_argument("--mode", default="base", choices=MODES, help="spa side's prompt mode (default base)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="spa side, per turn (default 64)")
     parser.add_argument("--spa-set", action="append", default=[], metavar="KEY=VALUE",
@@ -257,7 +263,8 @@ def main() -> None:
     ppo.save_checkpoint = lambda *a, **k: None  # checkpoints are no per-episode cost (docstring)
 
     start = {"kind": "given", "path": args.model} if args.no_bootstrap else bootstrap(args)
-    spa_settings = {"algorithm": args.algorithm, "mode": args.mode, "max_new_tokens": args.max_new_tokens}
+    spa_settings = {"algorithm": args.algorithm, "mode": args.mode, "max_new_tokens": args.max_new_tokens,
+                    "advantage": args.advantage}
     runs = {"baseline": (BASELINE, args.baseline_set), "spa": (spa_settings, args.spa_set)}
     configs = {name: rl_config(args, settings, overrides) for name, (settings, overrides) in runs.items()}
     results = {}
@@ -287,7 +294,8 @@ def main() -> None:
         "steps": {"warmup": 1, "timed": args.steps},
         "phases_note": ("seconds per step, means over the timed steps; old_logprobs is 0 by construction: "
                         "spa trains against the sampler's own log-probs (no recompute pass); advantages is "
-                        "the critic's value pass + GAE (PPO) or the group normalisation (GRPO); other is the "
+                        "the critic's value pass + GAE (PPO), the group normalisation (GRPO) or the scaling (mc); "
+                        "lookahead is the Monte-Carlo continuations (mc); other is the "
                         "group filter and building the training turns; checkpoints are not written"),
         "tokens_note": ("generated: response tokens of every turn of the step's episodes; trained: prompt + "
                         "response tokens of the turns the update ran on (the kept groups')"),

@@ -69,7 +69,7 @@ def test_rl_step_bench_times_both_paths_from_a_cached_bootstrap(tmp_path, monkey
     assert base["settings"]["state_tokens_in_loss"] and not base["settings"]["drop_flat_groups"]
     assert spa["settings"]["algorithm"] == "grpo" and spa["settings"]["mode"] == "base"
     assert (base["settings"]["max_new_tokens"], spa["settings"]["max_new_tokens"]) == (16, 8)
-    phases = {"rollout", "old_logprobs", "advantages", "actor_update", "critic_update", "other"}
+    phases = {"rollout", "old_logprobs", "lookahead", "advantages", "actor_update", "critic_update", "other"}
     for side in (base, spa):
         assert set(side["phases_s"]) == phases and side["phases_s"]["old_logprobs"] == 0
         assert side["phases_s"]["rollout"] > 0 and side["phases_s"]["actor_update"] > 0
@@ -79,6 +79,10 @@ def test_rl_step_bench_times_both_paths_from_a_cached_bootstrap(tmp_path, monkey
         assert 0 < side["generated_tokens_per_step"] <= 4 * side["settings"]["max_new_tokens"]
         assert side["trained_tokens_per_step"] > side["generated_tokens_per_step"]  # prompts + responses
     assert base["phases_s"]["critic_update"] > 0 and spa["phases_s"]["critic_update"] == 0
+    # the default learner's Monte-Carlo look-ahead is timed and given as a share of the step
+    assert spa["settings"]["advantage"] == "mc" and not spa["settings"]["critic"]
+    assert spa["phases_s"]["lookahead"] > 0 and 0 < spa["lookahead_share"] < 1
+    assert base["phases_s"]["lookahead"] == 0 and base["lookahead_share"] == 0
     assert result["speedup"] > 0 and result["warnings"] == []
     # the bootstrap is reused, and one side alone gives no ratio
     again = bench_json(small + ["--only", "spa"])

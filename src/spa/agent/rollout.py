@@ -32,6 +32,9 @@ class RolloutConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     max_actions: int | None = None  # actions per episode; None: max_turns x per-turn cap
     format_penalty: float = -0.1  # added to a turn that applied no valid action
+    # Label each turn with the environment's solver (Turn.best_first, best_run: metrics). RL
+    # from the task's reward turns it off, so that no solver is called on its path.
+    solver_labels: bool = True
 
 
 def rollout(
@@ -90,16 +93,14 @@ def rollout(
         if on_turn is not None:
             on_turn(turn_index, len(active))
         messages = [build_messages(envs[i], prompt_cfg, histories[i]) for i in active]
-        prompt_ids = [
-            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages
-        ]
-        prompt_ids = [ids["input_ids"] if hasattr(ids, "keys") else list(ids) for ids in prompt_ids]
+        prompt_ids = [_prompt_ids(tokenizer, m) for m in messages]
         generations = engine.generate(prompt_ids, sampling)
         still_active, played = [], []
         for i, msgs, ids, gen in zip(active, messages, prompt_ids, generations):
             budget = max_actions - trajectories[i].num_actions
             shown = state_block(envs[i], prompt_cfg.mode)
-            turn, done = _play_turn(envs[i], msgs, ids, gen, prompt_cfg, budget, config.format_penalty)
+            turn, done = _play_turn(envs[i], msgs, ids, gen, prompt_cfg, budget, config.format_penalty,
+                                    config.solver_labels)
             played.append((i, turn))
             if record(i, shown, turn, done):
                 still_active.append(i)
@@ -107,6 +108,55 @@ def rollout(
             log.append(played)
         active = still_active
     return trajectories
+
+
+@dataclass
+class Start:
+    """A point to play on from: an environment in some state (a fork, played in place), the
+    episode's earlier turns as ``(state shown, response, reward)`` and the actions it used."""
+
+    env: Any
+    history: list[tuple[str, str, float]]
+    actions_used: int
+
+
+def play_on(engine: Engine, tokenizer, starts: list[Start], config: RolloutConfig,
+            sampling: SamplingParams) -> list[float]:
+    """The return (rewards and format penalties) each start collects when the policy plays
+    it on to the episode's end, under the episode's limits (turns, actions), all starts
+    batched turn by turn. Monte-Carlo values from the policy's own continuations
+    (:mod:`spa.rl.montecarlo`) use it."""
+    prompt_cfg = config.prompt
+    max_actions = config.max_actions or prompt_cfg.max_turns * prompt_cfg.max_actions_per_turn
+    histories = [list(start.history) for start in starts]
+    used = [start.actions_used for start in starts]
+    returns = [0.0] * len(starts)
+
+    def goes_on(i: int) -> bool:
+        return len(histories[i]) < prompt_cfg.max_turns and used[i] < max_actions
+
+    active = [i for i in range(len(starts)) if goes_on(i)]
+    while active:
+        messages = [build_messages(starts[i].env, prompt_cfg, histories[i]) for i in active]
+        generations = engine.generate([_prompt_ids(tokenizer, m) for m in messages], sampling)
+        still_active = []
+        for i, msgs, gen in zip(active, messages, generations):
+            env = starts[i].env
+            shown = state_block(env, prompt_cfg.mode)
+            turn, done = _play_turn(env, msgs, [], gen, prompt_cfg, max_actions - used[i], config.format_penalty,
+                                    solver_labels=False)
+            returns[i] += turn.reward
+            used[i] += len(turn.actions_valid)
+            histories[i].append((shown, turn.response, turn.reward))
+            if not done and goes_on(i):
+                still_active.append(i)
+        active = still_active
+    return returns
+
+
+def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return ids["input_ids"] if hasattr(ids, "keys") else list(ids)
 
 
 def _replay(env, saved: dict, source) -> tuple[Turn, bool]:
@@ -124,12 +174,13 @@ def _replay(env, saved: dict, source) -> tuple[Turn, bool]:
 
 
 def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget: int,
-               format_penalty: float) -> tuple[Turn, bool]:
-    """Apply one response's actions to ``env``; returns the turn and whether the episode ended."""
+               format_penalty: float, solver_labels: bool = True) -> tuple[Turn, bool]:
+    """Apply one response's actions to ``env``; returns the turn and whether the episode ended.
+    ``solver_labels``: label the turn with the environment's solver (``best_first``)."""
     parsed = parse_response(generation.text, world_model=cfg.world_model,
                             max_actions=min(cfg.max_actions_per_turn, budget))
     state_before, grid_before = env.state_text(), env.render()
-    best = env.best_actions()  # before any action changes the state
+    best = env.best_actions() if solver_labels else None  # before any action changes the state
     first = env.canonical_action(parsed.actions[0]) if parsed.actions else None  # the agent's spelling varies
     env_reward, valid, done = 0.0, [], False
     run, best_here = (None, None) if best is None else (0, best)  # best_here: None once the run ended

@@ -65,25 +65,26 @@ def best_by_value(values: dict[str, float], tolerance: float = 0.0) -> frozenset
 def continuation_return(env: TextEnv, actions: list[str], rollouts: int, horizon: int,
                         rng: np.random.Generator) -> float:
     """The mean return of ``rollouts`` forks of ``env`` that play ``actions`` in order (as a
-    turn does: stopping where the episode ends) and then uniformly random valid actions
-    until ``horizon`` actions in all were played or the episode ended.
+    turn does, stopping where the episode ends), then up to ``horizon`` uniformly random
+    valid actions, stopping where the episode ends.
 
     With ``actions`` empty it is ``V_rand(s)``, random play's value at ``env``'s state; with
-    one action it is :func:`action_values`' ``Q_rand(s, a)``. ``env`` is left unchanged.
+    one action and ``horizon - 1`` it is :func:`action_values`' ``Q_rand(s, a)``. ``env`` is
+    left unchanged.
     """
     total = 0.0
     for _ in range(rollouts):
         twin = env.fork(rng)
-        reward, ended, played = 0.0, False, 0
+        reward, ended = 0.0, False
         for action in actions:
-            if ended or played >= horizon:
-                break
             step_reward, ended = twin.simulate(action)
             reward += step_reward
-            played += 1
-        while not ended and played < horizon:
+            if ended:
+                break
+        for _ in range(horizon):
+            if ended:
+                break
             step_reward, ended = twin.simulate(twin.random_action(rng))
             reward += step_reward
-            played += 1
         total += reward
     return total / rollouts

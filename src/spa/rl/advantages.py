@@ -22,18 +22,31 @@ from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, 
 from spa.rl.critic import Critic
 
 if TYPE_CHECKING:
-    from spa.rl.ppo import PPOConfig
+    from spa.rl.config import PPOConfig
 
 
 def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Critic | None, config: PPOConfig,
-                       pad_id: int, autocast) -> dict:
+                       pad_id: int, autocast, turn_values: list[list[float]] | None = None) -> dict:
     """Fill the samples' advantages (and, with a critic, old values and returns).
 
     Local to each process: GAE runs along one episode, GRPO normalises within one group,
     and both live whole on one process. With a critic, the advantages are then whitened
     over the step (``whiten_advantages``; the moments are global), and the explained
-    variance over all processes' turns is returned.
+    variance over all processes' turns is returned. With ``advantage="mc"``,
+    ``turn_values[e][t]`` is turn t of ``kept[e]``'s Monte-Carlo advantage
+    (:mod:`spa.rl.montecarlo`): every token of the turn gets it, divided by the root mean
+    square over the step's training turns (of every process). Every process must call it.
     """
+    if config.advantage == "mc":
+        raw = [turn_values[s.episode][s.turn] for s in samples]
+        count, squares = distributed.total(float(len(raw)), float(sum(a * a for a in raw)))
+        rms = (squares / max(count, 1.0)) ** 0.5
+        scale = 1.0 / rms if rms > 0 else 0.0
+        for s, a in zip(samples, raw):
+            s.advantages = torch.full((s.response_length,), a * scale)
+        _finish(samples, kept, config)
+        return {"advantages/mc_rms": rms,
+                "advantages/mc_positive": sum(a > 0 for a in raw) / max(len(raw), 1)}
     if critic is None:
         if samples:
             group_advantages(samples, kept, normalize_std=config.advantage == "grpo")

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from spa.agent.parsing import ACTION_SEPARATOR, split_actions
 from spa.agent.rollout import Trajectory
 from spa.models.shared_prefix import hidden_states
 from spa.rl import core
@@ -62,9 +63,12 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
                  ) -> list[Sample]:
     """One Sample per assistant turn that produced at least one token.
 
-    With ``state_tokens_in_loss=False`` each Sample's ``loss_mask`` leaves the contents of
-    its ``<observation>`` and ``<prediction>`` blocks out of the policy loss
-    (:func:`state_token_mask`, which decodes with ``tokenizer``).
+    Each Sample's ``loss_mask`` leaves out of the policy loss the answer's actions that were
+    never played (past the per-turn cap, or after the episode ended: :func:`unplayed_span`),
+    whose tokens would otherwise carry the advantage of moves that did not happen; with
+    ``state_tokens_in_loss=False`` also the contents of the ``<observation>`` and
+    ``<prediction>`` blocks (:func:`state_spans`). Finding the spans decodes with
+    ``tokenizer``; without one every response token is in the loss.
     """
     if not state_tokens_in_loss and tokenizer is None:
         raise ValueError("leaving the state tokens out of the loss needs the tokenizer to find them")
@@ -72,8 +76,14 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
     for e, trajectory in enumerate(trajectories):
         for k, turn in enumerate(trajectory.turns):
             if turn.response_ids:
-                mask = None if state_tokens_in_loss else state_token_mask(list(turn.response_ids),
-                                                                          _decoder(tokenizer))
+                mask = None
+                if tokenizer is not None:
+                    decode = _decoder(tokenizer)
+                    text = decode(list(turn.response_ids))  # the text the spans index, as the bisection sees it
+                    spans = [] if state_tokens_in_loss else state_spans(text)
+                    spans += [span for span in [unplayed_span(text, len(turn.actions))] if span]
+                    if spans:
+                        mask = span_token_mask(list(turn.response_ids), decode, spans)
                 samples.append(Sample(list(turn.prompt_ids) + list(turn.response_ids), len(turn.prompt_ids),
                                       torch.tensor(turn.logprobs, dtype=torch.float32), e, k, loss_mask=mask))
     return samples
@@ -92,10 +102,36 @@ def state_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def unplayed_span(text: str, played: int) -> tuple[int, int] | None:
+    """The character span ``[start, end)`` of the first ``<answer>`` block's contents after
+    its first ``played`` actions (``||``-separated, as ``parse_response`` splits them), up
+    to ``</answer>``; ``None`` when the answer names no more actions than were played (or
+    none were, or there is no closed answer block)."""
+    start = text.find("<answer>")
+    end = text.find("</answer>", start) if start >= 0 else -1
+    if end < 0 or played < 1:
+        return None
+    position, named = start + len("<answer>"), 0
+    for part in text[position:end].split(ACTION_SEPARATOR):
+        if part.strip():
+            named += 1
+            if named == played:
+                cut = position + len(part.rstrip())
+                return (cut, end) if split_actions(text[cut:end]) else None
+        position += len(part) + len(ACTION_SEPARATOR)
+    return None
+
+
 def state_token_mask(response_ids: list[int], decode: Callable[[list[int]], str]) -> Tensor:
-    """(R,) bool over the response tokens: False on the tokens that lie wholly inside an
-    observation or prediction block's contents (:func:`state_spans`), True elsewhere (the
-    tags, the reasoning, the answer, and any token that straddles a tag and the state).
+    """:func:`span_token_mask` over the response's :func:`state_spans`."""
+    return span_token_mask(response_ids, decode, state_spans(decode(response_ids)))
+
+
+def span_token_mask(response_ids: list[int], decode: Callable[[list[int]], str],
+                    spans: list[tuple[int, int]]) -> Tensor:
+    """(R,) bool over the response tokens: False on the tokens that lie wholly inside one
+    of the character ``spans`` of the decoded response, True elsewhere (any token that
+    straddles a span's edge included).
 
     Token k covers the characters ``[c_k, c_{k+1})`` with ``c_k = len(decode(ids[:k]))``:
     decoding a prefix gives a prefix of the text (a character split across tokens decodes
@@ -106,7 +142,6 @@ def state_token_mask(response_ids: list[int], decode: Callable[[list[int]], str]
     keep = torch.ones(len(response_ids), dtype=torch.bool)
     if not response_ids:
         return keep
-    text = decode(response_ids)
 
     def boundary(k: int) -> int:  # c_k
         return len(decode(response_ids[:k])) if k else 0
@@ -125,7 +160,7 @@ def state_token_mask(response_ids: list[int], decode: Callable[[list[int]], str]
             lo, hi = (mid, hi) if boundary(mid) <= pos else (lo, mid - 1)
         return lo
 
-    for start, end in state_spans(text):
+    for start, end in spans:
         first, stop = first_at_or_after(start), last_at_or_before(end)
         if first < stop:
             keep[first:stop] = False

@@ -20,7 +20,7 @@ from spa.agent.rollout import Trajectory
 from spa.rl.batch import Sample
 
 if TYPE_CHECKING:
-    from spa.rl.ppo import PPOConfig
+    from spa.rl.config import PPOConfig
 
 
 def group_spread(trajectories: list[Trajectory]) -> dict[int, float]:

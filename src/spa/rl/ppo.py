@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable
 
 import numpy as np
 import torch
@@ -57,124 +57,14 @@ from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
-from spa.rl import core
+from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages
-from spa.rl.batch import (REWARD_PLACEMENTS, Sample, collate, loss_masks, pad_responses, policy_forward,
+from spa.rl.batch import (Sample, collate, loss_masks, pad_responses, policy_forward,
                           turn_samples)
+from spa.rl.config import ALGORITHMS, ESTIMATORS, PPOConfig  # noqa: F401 (re-exported)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
 from spa.rl.minibatches import Entry, group_spread, loss_units, minibatches, sample_table, top_groups
-
-ALGORITHMS = ("ppo", "grpo")
-ESTIMATORS = {"ppo": ("gae", "turn_gae"), "grpo": ("grpo", "grpo_no_std")}
-
-
-@dataclass
-class PPOConfig:
-    """Hyper-parameters of the RL stage (the paper's PPO settings by default)."""
-
-    algorithm: str = "ppo"  # ppo (with a critic) | grpo (no critic)
-    advantage: str = ""  # ppo: gae | turn_gae; grpo: grpo | grpo_no_std; "" = the first
-    steps: int = 1000  # paper: 1,000
-    groups: int = 32  # training seeds per step (paper: 32)
-    samples: int = 8  # episodes per seed (paper: 8)
-    keep_fraction: float = 0.25  # share of groups kept, highest reward std first (paper: 0.25)
-    drop_flat_groups: bool = field(default=True, metadata={"help": (
-        "Leave out, of the keep_fraction groups with the highest reward std, those whose samples all "
-        "scored the same (std <= 1e-8): they carry no signal, only critic error. A step left with no "
-        "group skips the update (charts/kept_groups 0).")})
-    reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
-    actor_lr: float = 1e-6
-    critic_lr: float = 1e-5
-    warmup_steps: int = field(default=0, metadata={"help": (
-        "Optimizer steps over which the actor's and critic's learning rates rise linearly to their "
-        "values (0: none). Adam's first steps move every weight by about the full learning rate "
-        "whatever the gradient's size, so a rate that is safe later can wreck the policy at once.")})
-    gamma: float = 1.0
-    lam: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float = 3.0
-    value_clip: float = 0.5
-    entropy_coef: float = 1e-3
-    kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    kl_estimator: str = "k3"
-    aggregation: str = "token-mean"
-    ppo_epochs: int = 1
-    minibatch_size: int = 32  # turns per optimizer step
-    micro_batch_size: int = 4  # turns per forward/backward
-    max_grad_norm: float = 1.0
-    temperature: float = field(default=1.0, metadata={"help": (
-        "Sampling temperature (> 0). The trainer's log-probs and entropy use logits / temperature, "
-        "as the sampler's do. Top-p is not offered: the recompute cannot reproduce the truncation.")})
-    whiten_advantages: bool = field(default=True, metadata={"help": (
-        "PPO: whiten the step's advantages (zero mean, unit variance over the policy-loss tokens of "
-        "all processes), as verl does by default. GRPO is left as is: its group normalisation already "
-        "scales the advantages, and a token-weighted shift would flip the sign of near-mean episodes "
-        "by their length (and undo grpo_no_std's choice not to divide by the std).")})
-    state_tokens_in_loss: bool = field(default=False, metadata={"help": (
-        "False: the tokens inside <observation> and <prediction> get no policy-gradient loss (nor "
-        "entropy bonus); the tags, the reasoning and the answer keep it. In world_model mode they "
-        "are about 95 of 126 response tokens, which would otherwise all carry the action's "
-        "advantage. True trains them too (VAGEN, whose rewards pay for those states). The critic "
-        "values every token either way.")})
-    balance_episodes: bool = field(default=False, metadata={"help": (
-        "Scale each episode's advantages by (mean loss tokens per episode) / (its loss tokens), so "
-        "that under a token-mean every episode weighs the same and a GRPO group's advantage mass is "
-        "zero. Off, the longer episodes weigh more; in multi-turn play those are mostly losers, and "
-        "the step's net push on the sampled tokens is negative, which narrows the policy.")})
-    negative_weight: float = field(default=1.0, metadata={"help": (
-        "Multiply every negative advantage by this, from 0 to 1 (1: the plain policy gradient; 0: "
-        "only the episodes that beat their baseline are reinforced, like rejection-sampling "
-        "fine-tuning). A diagnostic: pushing a sampled answer down hands its probability to the answers "
-        "the model already favours; on a one-move FrozenLake task 0 did not stop the narrowing.")})
-    center_actions: bool = field(default=False, metadata={"help": (
-        "Subtract from each turn's advantages the step's mean advantage per loss token of the turns "
-        "with the same first action (over all processes; turns with no action are left as they are), "
-        "so that no first action gains or loses on balance and only its advantage relative to its "
-        "own average, i.e. where it was the better choice, is trained. Against the drift onto one "
-        "move that a policy not yet reading the state takes under on-policy RL; an action-dependent "
-        "baseline, so a biased gradient, and not a method of the paper. Applied after whitening.")})
-    best_move_reward: float = field(default=0.0, metadata={"help": (
-        "Add this to a turn's reward when its first action begins a shortest solution (the "
-        "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
-        "RL can learn with a label on every turn; not a method of the paper. 0: off.")})
-    excess_action_penalty: float = field(default=0.0, metadata={"help": (
-        "Subtract this from a turn's reward when its answer names more actions than a turn may "
-        "play (prompt.max_actions): the extra ones are never played, yet their tokens carry the "
-        "turn's advantage. SFT on the model's own correct moves taught more without such answers "
-        "(docs/making-rl-learn.md, \"Correct moves from the model's own samples\"). Not a method "
-        "of the paper; 0: off.")})
-    max_new_tokens: int = 400  # per turn (paper: 400)
-    seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
-    eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
-    save_every: int = 10  # checkpoint every N steps (and at the end)
-    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
-    tensorboard: bool = True
-    seed: int = 0
-
-    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
-
-    def __post_init__(self) -> None:
-        self.precision = precision_.check(self.precision)
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm {self.algorithm!r} is not known; valid: {', '.join(ALGORITHMS)}")
-        self.advantage = self.advantage or ESTIMATORS[self.algorithm][0]
-        if self.advantage not in ESTIMATORS[self.algorithm]:
-            raise ValueError(f"advantage {self.advantage!r} does not go with {self.algorithm}; valid: "
-                             f"{', '.join(ESTIMATORS[self.algorithm])}")
-        core.get(core.KL_ESTIMATORS, self.kl_estimator, "KL estimator")
-        core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
-        checks = {"steps": self.steps >= 1, "groups": self.groups >= 1, "samples": self.samples >= 1,
-                  "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
-                  "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
-                  "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
-                  "warmup_steps": self.warmup_steps >= 0, "negative_weight": 0 <= self.negative_weight <= 1,
-                  "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
-
 
 def warmup_factor(done: int, warmup_steps: int) -> float:
     """The share of the learning rate for the optimizer step after ``done`` steps: it rises
@@ -343,7 +233,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
         import copy
 
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = Critic(policy).to(device) if config.algorithm == "ppo" else None
+    critic = Critic(policy).to(device) if config.uses_critic else None
     actor_opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.actor_lr,
                                   weight_decay=0.0)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0) if critic else None
@@ -382,20 +272,33 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             if shaping is not None:
                 metrics["rollout/shaping_reward"] = shape_rewards(trajectories, shaping)
             rollout_seconds = time.perf_counter() - began
-            # 2. Drop the flat groups, keep those whose samples disagree most (ranked over all
-            # processes' groups).
-            kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
-                                  config.keep_fraction, config.drop_flat_groups)
-            kept = [t for t in trajectories if t.group in kept_ids]
-            samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
-            table = sample_table(samples, kept, config.aggregation)
-            # Every process sees the same kept_ids: with no group left (all flat), all skip
-            # the update together; the step is still logged and checkpointed.
             phases = {"time/rollout_s": rollout_seconds}
-            if kept_ids:
+            # 2. Which turns train. Per-turn Monte-Carlo advantages: every turn whose
+            # advantage is not 0, in every group (a group whose samples all played the same
+            # losing move is pushed down, not dropped). Otherwise: drop the flat groups and
+            # keep those whose samples disagree most (ranked over all processes' groups).
+            turn_values = None
+            if config.advantage == "mc":
+                kept = trajectories
+                with _timed(phases, "time/lookahead_s"):
+                    turn_values = _turn_values(engine, tokenizer, kept, rollout_config, config, step)
+                samples = [s for s in turn_samples(kept, tokenizer, config.state_tokens_in_loss)
+                           if turn_values[s.episode][s.turn] != 0.0]
+                metrics["charts/zero_advantage_turns"] = sum(v == 0.0 for vs in turn_values for v in vs)
+            else:
+                kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
+                                      config.keep_fraction, config.drop_flat_groups)
+                kept = [t for t in trajectories if t.group in kept_ids]
+                samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
+            table = sample_table(samples, kept, config.aggregation)
+            # Every process sees the same table: with nothing to train (all groups flat, or
+            # every advantage 0), all skip the update together; the step is still logged and
+            # checkpointed.
+            if table:
                 # 3. Advantages, where the episodes are: whole groups live on one process.
                 with _timed(phases, "time/advantages_s"):
-                    metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
+                    metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast,
+                                                      turn_values))
                 # 4. Update.
                 rng = np.random.default_rng([config.seed, step])
                 with _timed(phases, "time/actor_s"):
@@ -409,7 +312,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             metrics.update(phases)
             seconds = time.perf_counter() - began
             tokens = sum(e.tokens for e in table)
-            metrics.update({"charts/kept_groups": len(kept_ids), "charts/train_turns": len(table),
+            metrics.update({"charts/kept_groups": len({e.key[0] for e in table}), "charts/train_turns": len(table),
                             "charts/rollout_seconds": rollout_seconds, "charts/step_seconds": seconds,
                             "charts/train_tokens_per_second": tokens / max(seconds - rollout_seconds, 1e-9)})
             done = step + 1
@@ -427,7 +330,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 raise interrupt.stopped(f"step {done} of {config.steps} is saved in {out / 'checkpoint'}")
             bar.update(task, completed=done, info=f"reward {metrics['rollout/reward_mean']:+.2f}  "
                                                   f"success {metrics['rollout/success']:.0%}"
-                                                  + ("" if kept_ids else "  no group with spread: no update"))
+                                                  + ("" if table else "  nothing to train: no update"))
     return history
 
 
@@ -469,6 +372,17 @@ def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], 
     return float(np.mean(bonuses)) if bonuses else 0.0
 
 
+def _turn_values(engine, tokenizer, trajectories: list[Trajectory], rollout_config: RolloutConfig,
+                 config: PPOConfig, step: int) -> list[list[float]]:
+    """Each turn's Monte-Carlo advantage (:mod:`spa.rl.montecarlo`), before any scaling."""
+    if config.mc_continuation == "random":
+        return montecarlo.random_advantages(trajectories, rollout_config, config.mc_rollouts, (config.seed, step))
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                              seed=(config.seed * 1_000_003 + step) * 7919 + 1)
+    return montecarlo.policy_advantages(engine, tokenizer, trajectories, rollout_config, config.mc_rollouts,
+                                        sampling)
+
+
 def _play(engine, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, step: int) -> list[Trajectory]:
     """This process's episodes of the step: seeds ``rank, rank + N, ...`` of the step's block.
 
@@ -477,6 +391,9 @@ def _play(engine, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, s
     seed alone, a distinct stream per process otherwise.
     """
     rank, size = distributed.world()
+    # No solver on the path of RL from the task's reward: its per-turn label is asked for
+    # only as the (diagnostic) best_move_reward.
+    rollout_config = replace(rollout_config, solver_labels=bool(config.best_move_reward))
     seeds = train_seeds(config.groups, config.seed_start + step * config.groups)
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                               seed=(config.seed * 1_000_003 + step) * size + rank)

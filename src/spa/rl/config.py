@@ -1,0 +1,147 @@
+"""The RL stage's settings: :class:`PPOConfig`, read by the trainer (:mod:`spa.rl.ppo`),
+the advantages (:mod:`spa.rl.advantages`) and the minibatches (:mod:`spa.rl.minibatches`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from spa import precision as precision_
+from spa.rl import core
+from spa.rl.batch import REWARD_PLACEMENTS
+
+ALGORITHMS = ("ppo", "grpo")
+#: Advantage estimators by algorithm, the first the default. ``mc``: per-turn Monte-Carlo
+#: advantages from copies of the environment (:mod:`spa.rl.montecarlo`), with either loss.
+ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc"), "grpo": ("grpo", "grpo_no_std", "mc")}
+CONTINUATIONS = ("random", "policy")
+
+
+@dataclass
+class PPOConfig:
+    """Hyper-parameters of the RL stage (the paper's PPO settings by default)."""
+
+    algorithm: str = "ppo"  # ppo (with a critic) | grpo (no critic)
+    advantage: str = field(default="", metadata={"help": (
+        "ppo: gae | turn_gae | mc; grpo: grpo | grpo_no_std | mc; empty: the first. mc gives each turn "
+        "A = Q(s, its played actions) - V(s), both the mean return of mc_rollouts continuations on copies "
+        "of the environment at the turn's state (spa.rl.montecarlo); no critic is built, every group "
+        "trains, and the advantages are divided by their root mean square over the step.")})
+    mc_continuation: str = field(default="random", metadata={"help": (
+        "advantage=mc: who plays the continuations. random: uniformly random valid actions (no model "
+        "call; Q and V of random play after the turn, slips drawn afresh); policy: the policy itself, "
+        "sampled at the rollout temperature (VinePPO: A = r + V(s') - V(s), unbiased, costs "
+        "mc_rollouts generations per turn).")})
+    mc_rollouts: int = field(default=16, metadata={"help": (
+        "advantage=mc: continuations per estimate (random: for Q and for V at every turn; policy: for V "
+        "at every state).")})
+    steps: int = 1000  # paper: 1,000
+    groups: int = 32  # training seeds per step (paper: 32)
+    samples: int = 8  # episodes per seed (paper: 8)
+    keep_fraction: float = 0.25  # share of groups kept, highest reward std first (paper: 0.25)
+    drop_flat_groups: bool = field(default=True, metadata={"help": (
+        "Leave out, of the keep_fraction groups with the highest reward std, those whose samples all "
+        "scored the same (std <= 1e-8): they carry no signal, only critic error. A step left with no "
+        "group skips the update (charts/kept_groups 0).")})
+    reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    warmup_steps: int = field(default=0, metadata={"help": (
+        "Optimizer steps over which the actor's and critic's learning rates rise linearly to their "
+        "values (0: none). Adam's first steps move every weight by about the full learning rate "
+        "whatever the gradient's size, so a rate that is safe later can wreck the policy at once.")})
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 3.0
+    value_clip: float = 0.5
+    entropy_coef: float = 1e-3
+    kl_coef: float = 0.0  # > 0 loads a frozen reference model
+    kl_estimator: str = "k3"
+    aggregation: str = "token-mean"
+    ppo_epochs: int = 1
+    minibatch_size: int = 32  # turns per optimizer step
+    micro_batch_size: int = 4  # turns per forward/backward
+    max_grad_norm: float = 1.0
+    temperature: float = field(default=1.0, metadata={"help": (
+        "Sampling temperature (> 0). The trainer's log-probs and entropy use logits / temperature, "
+        "as the sampler's do. Top-p is not offered: the recompute cannot reproduce the truncation.")})
+    whiten_advantages: bool = field(default=True, metadata={"help": (
+        "PPO: whiten the step's advantages (zero mean, unit variance over the policy-loss tokens of "
+        "all processes), as verl does by default. GRPO is left as is: its group normalisation already "
+        "scales the advantages, and a token-weighted shift would flip the sign of near-mean episodes "
+        "by their length (and undo grpo_no_std's choice not to divide by the std).")})
+    state_tokens_in_loss: bool = field(default=False, metadata={"help": (
+        "False: the tokens inside <observation> and <prediction> get no policy-gradient loss (nor "
+        "entropy bonus); the tags, the reasoning and the answer keep it. In world_model mode they "
+        "are about 95 of 126 response tokens, which would otherwise all carry the action's "
+        "advantage. True trains them too (VAGEN, whose rewards pay for those states). The critic "
+        "values every token either way.")})
+    balance_episodes: bool = field(default=False, metadata={"help": (
+        "Scale each episode's advantages by (mean loss tokens per episode) / (its loss tokens), so "
+        "that under a token-mean every episode weighs the same and a GRPO group's advantage mass is "
+        "zero. Off, the longer episodes weigh more; in multi-turn play those are mostly losers, and "
+        "the step's net push on the sampled tokens is negative, which narrows the policy.")})
+    negative_weight: float = field(default=1.0, metadata={"help": (
+        "Multiply every negative advantage by this, from 0 to 1 (1: the plain policy gradient; 0: "
+        "only the episodes that beat their baseline are reinforced, like rejection-sampling "
+        "fine-tuning). A diagnostic: pushing a sampled answer down hands its probability to the answers "
+        "the model already favours; on a one-move FrozenLake task 0 did not stop the narrowing.")})
+    center_actions: bool = field(default=False, metadata={"help": (
+        "Subtract from each turn's advantages the step's mean advantage per loss token of the turns "
+        "with the same first action (over all processes; turns with no action are left as they are), "
+        "so that no first action gains or loses on balance and only its advantage relative to its "
+        "own average, i.e. where it was the better choice, is trained. Against the drift onto one "
+        "move that a policy not yet reading the state takes under on-policy RL; an action-dependent "
+        "baseline, so a biased gradient, and not a method of the paper. Applied after whitening.")})
+    best_move_reward: float = field(default=0.0, metadata={"help": (
+        "Add this to a turn's reward when its first action begins a shortest solution (the "
+        "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
+        "RL can learn with a label on every turn; not a method of the paper. 0: off.")})
+    excess_action_penalty: float = field(default=0.0, metadata={"help": (
+        "Subtract this from a turn's reward when its answer names more actions than a turn may "
+        "play (prompt.max_actions): the extra ones are never played, yet their tokens carry the "
+        "turn's advantage. SFT on the model's own correct moves taught more without such answers "
+        "(docs/making-rl-learn.md, \"Correct moves from the model's own samples\"). Not a method "
+        "of the paper; 0: off.")})
+    max_new_tokens: int = 400  # per turn (paper: 400)
+    seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
+    eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
+    save_every: int = 10  # checkpoint every N steps (and at the end)
+    precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
+    tensorboard: bool = True
+    seed: int = 0
+
+    RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
+
+    def __post_init__(self) -> None:
+        self.precision = precision_.check(self.precision)
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm {self.algorithm!r} is not known; valid: {', '.join(ALGORITHMS)}")
+        self.advantage = self.advantage or ESTIMATORS[self.algorithm][0]
+        if self.advantage not in ESTIMATORS[self.algorithm]:
+            raise ValueError(f"advantage {self.advantage!r} does not go with {self.algorithm}; valid: "
+                             f"{', '.join(ESTIMATORS[self.algorithm])}")
+        if self.mc_continuation not in CONTINUATIONS:
+            raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
+                             f"{', '.join(CONTINUATIONS)}")
+        if self.advantage == "mc" and self.balance_episodes:
+            raise ValueError("balance_episodes does not go with advantage=mc: per-turn advantages need no "
+                             "episode weights, and scaling a turn by its episode's length biases the gradient")
+        core.get(core.KL_ESTIMATORS, self.kl_estimator, "KL estimator")
+        core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
+        checks = {"steps": self.steps >= 1, "groups": self.groups >= 1, "samples": self.samples >= 1,
+                  "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
+                  "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
+                  "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
+                  "warmup_steps": self.warmup_steps >= 0, "mc_rollouts": self.mc_rollouts >= 1, "negative_weight": 0 <= self.negative_weight <= 1,
+                  "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the trainer builds and trains a critic: PPO with a GAE estimator."""
+        return self.algorithm == "ppo" and self.advantage != "mc"

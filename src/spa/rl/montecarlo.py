@@ -1,0 +1,148 @@
+"""Per-turn Monte-Carlo advantages from copies of the environment: a credit for every move.
+
+An outcome-only policy gradient gives every turn of an episode the episode's score. On
+these tasks that labels a move right only about half the time (a group shares only its
+first state, and a slip on the ice punishes a good move), so the update is mostly noise.
+Here each turn gets its own advantage, from the task's reward alone (``reset``, ``step``,
+``fork``, ``random_action``; no solver)::
+
+    A_t = b_t + Q(s_t, a_t) - V(s_t)
+
+with ``s_t`` the state before turn t, ``a_t`` the actions the turn played and ``b_t`` the
+part of the turn's reward the environment does not give (the format penalty, shaping
+bonuses). Two ways to estimate Q and V (``PPOConfig.mc_continuation``):
+
+* ``random`` (the default; no model call): ``Q(s, a)`` is the mean return of
+  ``mc_rollouts`` forks of the environment that play ``a`` and then uniformly random
+  valid actions, ``V(s)`` the same with random actions from the start; the slips are
+  drawn afresh on every fork, so a slip in the episode itself does not reach the
+  advantage. Both are values of *random play* after the turn: one step of policy
+  improvement over random play (Bertsekas' rollout algorithm), unbiased for a policy
+  that plays near chance and biased (but action-independent in its baseline) otherwise.
+* ``policy`` (VinePPO, Kazemnejad et al. 2024): ``V(s)`` is the mean return of
+  ``mc_rollouts`` continuations played by the policy itself from ``s``, and
+  ``A_t = r_t + V(s_{t+1}) - V(s_t)`` (``V = 0`` once the episode has ended). Unbiased
+  for the current policy; it costs ``mc_rollouts`` model continuations per turn.
+
+Random continuations get the actions the episode has left (:func:`action_budgets`); a
+turn that played nothing (malformed) gets exactly its penalty. The policy's continuations
+play the turns the episode has left, under its limits.
+
+The advantages are then divided by their root mean square over the step's turns
+(:func:`spa.rl.core.rms_scale`), with no shift: the sign of every turn stays its own,
+a malformed turn's -0.1 keeps its size relative to a win, and the step size no longer
+depends on the task's reward units (FrozenLake 1, Sokoban up to 10.9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from spa.agent.prompts import state_block
+from spa.agent.rollout import RolloutConfig, Start, Trajectory, play_on
+from spa.envs import make
+from spa.envs.lookahead import continuation_return
+from spa.models.engine import SamplingParams
+
+
+def action_budgets(trajectory: Trajectory, config: RolloutConfig) -> list[tuple[int, int]]:
+    """For each turn, the actions random play may still take before it and after it:
+    ``(max_actions - used before the turn, max_actions - used after it)``, never below 0.
+
+    The budget is the episode's actions, not its turns: random play takes one action at a
+    time, and charging it for a turn the agent wasted would reward wasting turns wherever
+    random play's value is negative (Sokoban's -0.1 a step): the saved actions would look
+    like a gain.
+    """
+    prompt = config.prompt
+    max_actions = config.max_actions or prompt.max_turns * prompt.max_actions_per_turn
+    budgets, used = [], 0
+    for turn in trajectory.turns:
+        before = max_actions - used
+        used += len(turn.actions)
+        budgets.append((max(before, 0), max(max_actions - used, 0)))
+    return budgets
+
+
+def replay(trajectory: Trajectory):
+    """Yield ``(t, env)`` with ``env`` in the state before turn t, replaying the episode
+    from its level seed with the actions it played (an environment's randomness comes from
+    its seeded generator, so the states are exactly the episode's). Raises when a replay
+    leaves the recorded grid. The caller must not change ``env``; fork it."""
+    env = make(trajectory.env, **trajectory.env_config)
+    env.reset(seed=trajectory.seed)
+    for t, turn in enumerate(trajectory.turns):
+        yield t, env
+        for action in turn.actions:
+            env.step(action)
+        if env.render() != turn.grid_after:
+            raise RuntimeError(f"replaying {trajectory.env} level {trajectory.seed} (sample {trajectory.sample}) "
+                               f"did not reach turn {t}'s recorded state")
+
+
+def random_advantages(trajectories: list[Trajectory], config: RolloutConfig, rollouts: int,
+                      seed: tuple[int, ...]) -> list[list[float]]:
+    """``A_t = b_t + Q_rand(s_t, a_t) - V_rand(s_t)`` for every turn of every trajectory.
+
+    Each turn's estimates draw from a generator seeded by ``seed``, the episode's group and
+    sample and the turn index, so they depend neither on the order of the trajectories nor
+    on the number of processes that hold them.
+    """
+    out = []
+    for trajectory in trajectories:
+        budgets = action_budgets(trajectory, config)
+        advantages = []
+        for t, env in replay(trajectory):
+            turn, (before, after) = trajectory.turns[t], budgets[t]
+            bonus = turn.reward - turn.env_reward
+            if not turn.actions:  # nothing played: Q = V exactly, the turn gets its penalty alone
+                advantages.append(bonus)
+                continue
+            rng = np.random.default_rng((*seed, trajectory.group, trajectory.sample, t))
+            v = continuation_return(env, [], rollouts, before, rng)
+            q = continuation_return(env, list(turn.actions), rollouts, after, rng)
+            advantages.append(bonus + q - v)
+        out.append(advantages)
+    return out
+
+
+def vine_advantages(rewards: list[float], values: list[float]) -> list[float]:
+    """VinePPO's per-turn advantages ``A_t = r_t + V(s_{t+1}) - V(s_t)`` of one episode.
+
+    ``rewards[t]``: turn t's reward (format penalty and bonuses included); ``values[t]``:
+    the Monte-Carlo value of the state before turn t. A rollout stops an episode only when
+    it ended or ran out of turns or actions, so after its last turn ``V = 0``.
+    """
+    if len(values) != len(rewards):
+        raise ValueError(f"{len(rewards)} turns need as many values, got {len(values)}")
+    after = list(values[1:]) + [0.0]
+    return [r + v_next - v for r, v_next, v in zip(rewards, after, values)]
+
+
+def policy_advantages(engine, tokenizer, trajectories: list[Trajectory], config: RolloutConfig, rollouts: int,
+                      sampling: SamplingParams) -> list[list[float]]:
+    """VinePPO's advantages (:func:`vine_advantages`) for every turn of every trajectory,
+    with ``V(s_t)`` the mean return of ``rollouts`` continuations the policy plays from the
+    state before turn t, with the episode's history and limits (:func:`spa.agent.rollout.play_on`,
+    all of them batched). Slips in the continuations draw from generators seeded by
+    ``sampling.seed`` and the episode's group, sample and turn."""
+    starts, owners = [], []
+    for e, trajectory in enumerate(trajectories):
+        history, used = [], 0
+        for t, env in replay(trajectory):
+            rng = np.random.default_rng((sampling.seed or 0, trajectory.group, trajectory.sample, t))
+            starts += [Start(env.fork(rng), list(history), used) for _ in range(rollouts)]
+            owners += [(e, t)] * rollouts
+            turn = trajectory.turns[t]
+            history.append((state_block(env, config.prompt.mode), turn.response, turn.reward))
+            used += len(turn.actions_valid)
+    config = replace(config, solver_labels=False)
+    returns = play_on(engine, tokenizer, starts, config, sampling) if starts else []
+    values = [[0.0] * len(t.turns) for t in trajectories]
+    for (e, t), value in zip(owners, returns):
+        values[e][t] += value / rollouts
+    return [vine_advantages([turn.reward for turn in trajectory.turns], values[e])
+            for e, trajectory in enumerate(trajectories)]
+

@@ -1,0 +1,226 @@
+"""Per-turn Monte-Carlo advantages (spa.rl.montecarlo) and the learner that trains on them.
+
+Hand-computed values on a 2x2 lake that does not slip, ``SG/FF``: the goal is one move
+Right of the start; from (1,0) no single move wins. Random play picks each of the four
+moves with probability 1/4 (moves into the edge stay put and are valid).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from spa.agent.prompts import PromptConfig
+from spa.agent.rollout import RolloutConfig, Start, Trajectory, Turn, play_on, rollout
+from spa.envs import make
+from spa.envs.base import TextEnv
+from spa.envs.lookahead import continuation_return
+from spa.models.engine import SamplingParams
+from spa.rl.advantages import compute_advantages
+from spa.rl.batch import turn_samples, unplayed_span
+from spa.rl.config import PPOConfig
+from spa.rl.montecarlo import action_budgets, policy_advantages, random_advantages, vine_advantages
+from spa.rl.ppo import train
+from tests.scripted import ScriptedEngine
+
+CORNER = {"desc": "SG/FF", "is_slippery": False}
+
+
+def lake_rollout(max_turns=2, per_turn=1, **options):
+    return RolloutConfig("frozenlake", {**CORNER, **options}, PromptConfig("base", max_turns=max_turns,
+                                                                           max_actions_per_turn=per_turn))
+
+
+def played(config, answers, engine_tokenizer=None):
+    """One episode of the corner lake playing ``answers`` (one response a turn), via rollout."""
+    tokenizer = engine_tokenizer
+    script = [[text] for text in answers]
+    (trajectory,) = rollout(ScriptedEngine(tokenizer, script), tokenizer, [0], 1, config, SamplingParams())
+    return trajectory
+
+
+def test_continuations_by_hand():
+    """V_rand(start) over 2 random moves: Right wins at once (1/4); Left or Up stay, then 1/4
+    (1/8); Down goes to (1,0), from which one move never wins: 3/8. Q(start, Down) with one
+    more random move: 0. Q(start, Right) with any horizon: 1."""
+    env = make("frozenlake", **CORNER)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    assert continuation_return(env, [], 8000, 2, rng) == pytest.approx(0.375, abs=0.02)
+    assert continuation_return(env, ["Down"], 200, 1, rng) == 0.0
+    assert continuation_return(env, ["Right"], 10, 5, rng) == 1.0
+    assert continuation_return(env, [], 8000, 1, rng) == pytest.approx(0.25, abs=0.02)
+    assert env.player == (0, 0)  # the look-ahead played on copies
+
+
+def test_action_budgets_are_the_actions_left():
+    """2 turns of up to 2 actions, at most 3 actions: turn 0 has 3 before it and plays 2,
+    leaving 1; turn 1 has 1 and plays 1. A malformed turn uses none."""
+    config = RolloutConfig("frozenlake", CORNER, PromptConfig("base", max_turns=2, max_actions_per_turn=2),
+                           max_actions=3)
+    t = Trajectory("frozenlake", CORNER, 0, 0, 0, "base")
+    t.turns = [_turn(["Down", "Up"]), _turn(["Left"])]
+    assert action_budgets(t, config) == [(3, 1), (1, 0)]
+    t.turns = [_turn([]), _turn(["Left"])]
+    assert action_budgets(t, config) == [(3, 3), (3, 2)]
+
+
+def test_random_advantages_by_hand(tiny):
+    """Turn 0 plays Down: Q = 0 (one random move from (1,0) never wins), V = 3/8, so A = -3/8.
+    Turn 1 plays Right to (1,1): Q = V = 0 (no move left after it; one random move from
+    (1,0) never wins): A = 0. A winning first move: A = 1 - 3/8 = 5/8. A malformed first
+    turn gets its format penalty alone, -0.1, however random play would fare (in Sokoban,
+    where random play's value is negative, saving its actions must not look like a gain)."""
+    _, tokenizer = tiny
+    config = lake_rollout()
+    down = played(config, ["<answer>Down</answer>", "<answer>Right</answer>"], tokenizer)
+    win = played(config, ["<answer>Right</answer>"], tokenizer)
+    junk = played(config, ["junk", "<answer>Down</answer>"], tokenizer)
+    values = random_advantages([down, win, junk], config, rollouts=8000, seed=(0,))
+    assert values[0] == pytest.approx([-0.375, 0.0], abs=0.02)
+    assert values[1] == pytest.approx([0.625], abs=0.02)
+    assert values[2][0] == pytest.approx(-0.1)
+
+
+def test_random_advantages_do_not_depend_on_order_or_company(tiny):
+    _, tokenizer = tiny
+    config = lake_rollout()
+    a = played(config, ["<answer>Down</answer>", "<answer>Up</answer>"], tokenizer)
+    b = played(config, ["<answer>Left</answer>", "<answer>Right</answer>"], tokenizer)
+    b.sample = 1
+    both = random_advantages([a, b], config, rollouts=16, seed=(3, 1))
+    assert random_advantages([b], config, rollouts=16, seed=(3, 1)) == [both[1]]
+    assert random_advantages([b, a], config, rollouts=16, seed=(3, 1)) == [both[1], both[0]]
+
+
+def test_vine_advantages_by_hand():
+    assert vine_advantages([-0.1, 0.0, 1.0], [0.5, 0.6, 0.9]) == pytest.approx([0.0, 0.3, 0.1])
+    with pytest.raises(ValueError, match="3 turns need as many values"):
+        vine_advantages([0.0, 0.0, 1.0], [0.5])
+
+
+def test_policy_continuations_by_hand(tiny):
+    """The policy (scripted) always answers Right. Episode: Down, then Right (to (1,1), no
+    win). V(start) = 1 (Right wins), V((1,0)) = 0 (Right goes to (1,1) and the turns end).
+    A_0 = 0 + 0 - 1 = -1, A_1 = 0 + 0 - 0 = 0. The continuations were played from the
+    episode's states: 2 rollouts x 2 states, in one call per turn."""
+    _, tokenizer = tiny
+    config = lake_rollout()
+    episode = played(config, ["<answer>Down</answer>", "<answer>Right</answer>"], tokenizer)
+    engine = ScriptedEngine(tokenizer, [["<answer>Right</answer>"] * 4])
+    values = policy_advantages(engine, tokenizer, [episode], config, rollouts=2, sampling=SamplingParams(seed=0))
+    assert values == [pytest.approx([-1.0, 0.0])]
+    assert engine.calls == 1  # from the start Right wins; from (1,0) the last turn is played
+
+
+def test_play_on_keeps_the_episode_limits(tiny):
+    """From the start with one turn already used (history of one), only one turn is left."""
+    _, tokenizer = tiny
+    env = make("frozenlake", **CORNER)
+    env.reset(seed=0)
+    engine = ScriptedEngine(tokenizer, [["<answer>Down</answer>"], ["<answer>Right</answer>"]])
+    returns = play_on(engine, tokenizer, [Start(env, [("s", "r", 0.0)], 1)], lake_rollout(), SamplingParams())
+    assert returns == [0.0] and engine.calls == 1
+
+
+def test_mc_advantages_keep_their_sign_and_ratios_across_the_step():
+    """Review item 2: a malformed turn's -0.1 stays a tenth of a win's +1 after the scaling
+    (one division by the step's root mean square; no per-group std, no shift), and every
+    turn keeps its own advantage whatever its episode's length (item 5)."""
+    long = _episode(0, [0.0, 0.0, 0.0], lengths=[3, 3, 3])
+    short = _episode(0, [0.0], sample=1, lengths=[3])
+    kept = [long, short]
+    samples = turn_samples(kept)
+    raw = [[-0.1, 0.0, 1.0], [1.0]]
+    compute_advantages(samples, kept, None, PPOConfig(algorithm="grpo", advantage="mc"), 0, None, raw)
+    rms = np.sqrt((0.01 + 0 + 1 + 1) / 4)
+    got = [float(s.advantages[0]) for s in samples]
+    assert got == pytest.approx([-0.1 / rms, 0.0, 1 / rms, 1 / rms])
+    assert all(torch.all(s.advantages == s.advantages[0]) for s in samples)
+
+
+def test_unplayed_actions_are_left_out_of_the_loss(tiny):
+    """Review item 4: a turn that named three actions but played one (the per-turn cap) gets
+    no loss on the two it never played; the played one and the closing tag keep it."""
+    _, tokenizer = tiny
+    text = "<think>go</think><answer>Right || Up || Left</answer>"
+    span = unplayed_span(text, 1)
+    assert text[span[0]:span[1]] == " || Up || Left"
+    assert unplayed_span(text, 3) is None and unplayed_span(text, 0) is None
+    config = lake_rollout(max_turns=1)
+    (episode,) = rollout(ScriptedEngine(tokenizer, [[text]]), tokenizer, [0], 1, config, SamplingParams())
+    assert episode.turns[0].actions == ["Right"]
+    (sample,) = turn_samples([episode], tokenizer)
+    ids = episode.turns[0].response_ids
+    kept = tokenizer.decode([i for i, keep in zip(ids, sample.loss_mask) if keep])
+    dropped = tokenizer.decode([i for i, keep in zip(ids, sample.loss_mask) if not keep])
+    assert "Up" not in kept and "Left" not in kept and "Right" in kept and "</answer>" in kept
+    assert "Up" in dropped and "Left" in dropped
+
+
+def test_a_collapsed_group_is_pushed_down_not_dropped(tiny, tmp_path, monkeypatch):
+    """Review item 3: every sample of every group plays the same losing move (Down, then
+    Left into the edge), so every group is flat; GRPO's outcome advantages would drop them
+    all, while the Monte-Carlo advantages train every turn, pushed down. The path calls no
+    solver (best_actions raises here)."""
+    model, tokenizer = tiny
+
+    def no_solver(self):
+        raise AssertionError("the solver was called on the path of RL from the reward")
+
+    monkeypatch.setattr(TextEnv, "best_actions", no_solver)
+    for cls in TextEnv.__subclasses__():
+        monkeypatch.setattr(cls, "best_actions", no_solver)
+    script = [["<answer>Down</answer>"] * 4, ["<answer>Left</answer>"] * 4]
+    config = PPOConfig(algorithm="grpo", advantage="mc", mc_rollouts=64, steps=1, groups=2, samples=2,
+                       max_new_tokens=6, minibatch_size=4, micro_batch_size=2, actor_lr=1e-3,
+                       tensorboard=False, precision="fp32")
+    flat = train(copy.deepcopy(model), tokenizer, lake_rollout(), PPOConfig(**{**vars(config), "advantage": "grpo"}),
+                 tmp_path / "grpo", progress=False, engine=ScriptedEngine(tokenizer, script))
+    assert flat[0]["charts/train_turns"] == 0
+    policy = copy.deepcopy(model)
+    (step,) = train(policy, tokenizer, lake_rollout(), config, tmp_path / "mc", progress=False,
+                    engine=ScriptedEngine(tokenizer, script))
+    # The first turns (Down: Q 0, V 3/8) train; the second (Left from (1,0): Q = V = 0) is 0 and skipped.
+    assert step["charts/train_turns"] == 4 and step["charts/zero_advantage_turns"] == 4
+    assert step["advantages/mc_positive"] == 0.0 and step["actor/advantage_mean"] < 0
+    assert any(not torch.equal(a, b) for a, b in zip(policy.parameters(), model.parameters()))
+
+
+def test_mc_is_offered_with_both_losses_and_refuses_episode_balancing():
+    assert not PPOConfig(algorithm="ppo", advantage="mc").uses_critic
+    assert PPOConfig(algorithm="ppo").uses_critic
+    assert PPOConfig(algorithm="grpo", advantage="mc").advantage == "mc"
+    with pytest.raises(ValueError, match="balance_episodes does not go with advantage=mc"):
+        PPOConfig(algorithm="grpo", advantage="mc", balance_episodes=True)
+    with pytest.raises(ValueError, match="mc_continuation 'solver' is not known; valid: random, policy"):
+        PPOConfig(advantage="mc", mc_continuation="solver")
+
+
+@pytest.mark.parametrize("continuation", ["random", "policy"])
+def test_training_with_mc_advantages_runs_under_both_losses(tiny, tmp_path, continuation):
+    model, tokenizer = tiny
+    for algorithm in ("ppo", "grpo"):
+        config = PPOConfig(algorithm=algorithm, advantage="mc", mc_continuation=continuation, mc_rollouts=2,
+                           steps=1, groups=2, samples=2, max_new_tokens=6, minibatch_size=4, micro_batch_size=2,
+                           actor_lr=1e-3, tensorboard=False, precision="fp32")
+        (step,) = train(copy.deepcopy(model), tokenizer, lake_rollout(), config, tmp_path / algorithm / continuation,
+                        progress=False)
+        assert "time/lookahead_s" in step and "critic/value_loss" not in step
+
+
+def _turn(actions):
+    return Turn(prompt_messages=[], prompt_ids=[1], response="", response_ids=[5], logprobs=[-1.0],
+                finish_reason="stop", think="", observation="", prediction="", answer="", actions=list(actions),
+                actions_valid=[True] * len(actions), format_ok=True, state_before="", grid_before="",
+                state_after="", grid_after="", env_reward=0.0, reward=0.0)
+
+
+def _episode(group, rewards, sample=0, lengths=None):
+    t = Trajectory("frozenlake", CORNER, seed=group, group=group, sample=sample, mode="base")
+    t.turns = [Turn(prompt_messages=[], prompt_ids=[1, 2], response="", response_ids=[7] * n, logprobs=[-1.0] * n,
+                    finish_reason="stop", think="", observation="", prediction="", answer="", actions=[],
+                    actions_valid=[], format_ok=True, state_before="", grid_before="", state_after="",
+                    grid_after="", env_reward=r, reward=r) for r, n in zip(rewards, lengths)]
+    return t
