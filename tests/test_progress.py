@@ -1,9 +1,12 @@
 """The progress bar prints plain lines when its output is a log file, not a terminal."""
 
 import io
+from functools import partial
+from types import SimpleNamespace
 
 from rich.console import Console
 
+from spa import progress
 from spa.progress import Bar
 
 
@@ -41,3 +44,20 @@ def test_a_terminal_gets_the_bar_only():
     with Bar(console=Console(file=out, force_terminal=True, width=120), interval=0) as bar:
         bar.update(bar.add_task("sft", total=2), completed=1, info="loss 0.1")
     assert "sft: 1/2" not in out.getvalue() and "sft" in out.getvalue()
+
+
+def test_turn_progress_counts_the_episodes_answered_within_a_turn(monkeypatch):
+    console, out = log_console()
+    monkeypatch.setattr(progress, "Bar", partial(Bar, console=console, interval=0))
+    engine = SimpleNamespace(on_chunk=None)  # the hook of spa.models.engine.Engine
+    with progress.turn_progress("round-1 play", 5, engine=engine) as on_turn:
+        on_turn(0, 1600)
+        engine.on_chunk(64, 1600)
+        engine.on_chunk(128, 1600)
+        on_turn(1, 1500)
+    assert engine.on_chunk is None  # the bar's only while it lasts
+    lines = [line.split(" (")[0] for line in out.getvalue().splitlines()]
+    assert lines[:4] == ["round-1 play: turn 1, 1600 episodes playing: 0/5",
+                         "round-1 play: turn 1, 1600 episodes playing: 0/5  64/1600 answered",
+                         "round-1 play: turn 1, 1600 episodes playing: 0/5  128/1600 answered",
+                         "round-1 play: turn 2, 1500 episodes playing: 1/5"]

@@ -269,6 +269,15 @@ def test_max_new_tokens_gives_length(lm, prompts):
     ] * 2
 
 
+def test_on_chunk_reports_the_prompts_answered_after_each_batch(lm, prompts):
+    model, tokenizer = lm
+    engine = Engine(model, tokenizer, max_batch_size=2)
+    calls = []
+    engine.on_chunk = lambda answered, total: calls.append((answered, total))
+    engine.generate(prompts, SamplingParams(max_new_tokens=2, seed=0))
+    assert calls == [(2, 5), (4, 5), (5, 5)]
+
+
 def test_long_generation_grows_the_cache(lm, prompts):
     model, tokenizer = lm
     engine = Engine(model, tokenizer)

@@ -1,9 +1,16 @@
+import copy
+import io
 import re
+from functools import partial
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from scripted import ScriptedEngine, wm
+from spa.agent.labels import label_turns
+from spa.progress import Bar
+from spa.worldmodel import selfplay
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect, randomize_coordinates
 
 FL = {"desc": "SFFF/FHFH/FFFH/HFFG", "is_slippery": False}
@@ -279,3 +286,17 @@ def test_a_dead_end_sokoban_state_has_no_best_action():
             if terminated or truncated:
                 break
     pytest.fail("no dead end reached in 50 random Sokoban episodes")
+
+
+def test_keep_value_labels_level_by_level_as_one_call_would_with_a_bar(monkeypatch):
+    config = SelfPlayConfig(env="frozenlake", episodes=12, samples=4, max_turns=3, max_actions_per_turn=2,
+                            exploration="random", mode="base", keep="value", value_rollouts=16)
+    trajectories = collect(None, None, config)
+    at_once = copy.deepcopy(trajectories)
+    label_turns(at_once, config.value_rollouts, config.value_horizon, config.value_tolerance, config.seed)
+    out = io.StringIO()
+    monkeypatch.setattr(selfplay, "Bar", partial(Bar, console=Console(file=out, force_terminal=False), interval=0))
+    build_examples(trajectories, config, progress="round-1 look-ahead")
+    assert [turn.value_first for t in trajectories for turn in t.turns] == [
+        turn.value_first for t in at_once for turn in t.turns]
+    assert "round-1 look-ahead: levels labelled (keep=value): 3/3" in out.getvalue()

@@ -76,9 +76,9 @@ def selfplay(
         engine = Engine(lm, tokenizer)
     start = time.perf_counter()
     log = TurnLog(Path(out).with_suffix(".partial.jsonl"))  # rerun the command to resume an interrupted play
-    with turn_progress("self-play", max_turns) as on_turn, log:
+    with turn_progress("self-play", max_turns, engine=engine) as on_turn, log:
         trajectories = collect(engine, tokenizer, config, on_turn=on_turn, log=log)
-    examples, stats = build_examples(trajectories, config)
+    examples, stats = build_examples(trajectories, config, progress="look-ahead")
     if not examples:
         log.finish()
         console.print(f"[red]error:[/red] {_no_example(stats, bootstrap_episodes)}", highlight=False)

@@ -64,7 +64,8 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     start = time.perf_counter()
     # With an output folder the finished turns go to disk, so an interrupted evaluation resumes.
     log = TurnLog(Path(out_dir) / PARTIAL) if out_dir is not None else None
-    with turn_progress(label or f"eval {config.env}", config.prompt.max_turns, disable=not progress) as on_turn, \
+    with turn_progress(label or f"eval {config.env}", config.prompt.max_turns, disable=not progress,
+                       engine=engine) as on_turn, \
             log or contextlib.nullcontext():
         trajectories = rollout(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
                                rollout_config, sampling, on_turn=on_turn, log=log)

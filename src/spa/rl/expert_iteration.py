@@ -163,9 +163,9 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     lm, tokenizer = load(model)
     engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, model_device(lm)).decode_dtype)
     log = TurnLog(data.with_name(PLAY_PARTIAL))  # an interrupted play resumes from its last finished turn
-    with turn_progress(f"{data.parent.name} play", play.max_turns) as on_turn, log:  # minutes: a line a minute in a log
+    with turn_progress(f"{data.parent.name} play", play.max_turns, engine=engine) as on_turn, log:
         trajectories = collect(engine, tokenizer, play, on_turn=on_turn, log=log)
-    examples, stats = build_examples(trajectories, play)
+    examples, stats = build_examples(trajectories, play, progress=f"{data.parent.name} look-ahead")
     if not examples:
         raise RuntimeError(f"{data.parent.name} kept no turn: none of {stats['episodes']} episodes passed "
                            f"keep={play.keep!r} (success {100 * stats['success_rate']:.1f}%); play more "

@@ -48,14 +48,15 @@ from typing import Any
 import numpy as np
 
 from spa.agent.grids import grid_cells, state_match
+from spa.agent.labels import label_turns
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
 from spa.agent.rollout import RolloutConfig, rollout
-from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.seeds import train_seeds
+from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.turnlog import TurnLog
 from spa.envs import env_class, env_names, has_solver, lists_actions, make
-from spa.agent.labels import label_turns
+from spa.progress import Bar
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
@@ -275,15 +276,32 @@ def wrong_states(turn: Turn) -> list[str]:
             if state_match(written, true) < 1.0]
 
 
+def _label_by_value(trajectories: list[Trajectory], config: SelfPlayConfig, progress: str | None) -> None:
+    """``label_turns`` level by level, with a bar over the levels: the look-ahead of a
+    1,600-episode round takes minutes. A level's labels depend only on its own episodes
+    (the look-ahead of a state is seeded by the level and the state), so this labels every
+    turn as one call over all the episodes would."""
+    levels: dict[int, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        levels.setdefault(trajectory.seed, []).append(trajectory)
+    with Bar(disable=progress is None, transient=True) as bar:
+        task = bar.add_task(f"{progress}: levels labelled (keep=value)", total=len(levels))
+        for level in levels.values():
+            label_turns(level, config.value_rollouts, config.value_horizon, config.value_tolerance, config.seed)
+            bar.update(task, advance=1)
+
+
 def _rate(hits: int, total: int) -> float | None:
     return hits / total if total else None
 
 
-def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig) -> tuple[list[dict], dict]:
-    """SFT examples (one per kept turn) and counts of what was kept and dropped."""
+def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig,
+                   progress: str | None = None) -> tuple[list[dict], dict]:
+    """SFT examples (one per kept turn) and counts of what was kept and dropped. ``progress``
+    names a bar over the look-ahead of ``keep="value"``; None: no bar."""
     rng = np.random.default_rng(config.seed + 1)
     if config.keep == "value":
-        label_turns(trajectories, config.value_rollouts, config.value_horizon, config.value_tolerance, config.seed)
+        _label_by_value(trajectories, config, progress)
     counts: Counter[str] = Counter()
     examples = []
     for trajectory in trajectories:
