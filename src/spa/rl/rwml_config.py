@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from spa import precision as precision_
 from spa.rl import core
-from spa.rl.ppo import PPOConfig
+from spa.rl.config import PPOConfig
 from spa.rl.rewards import EMBEDDING_TAU, get_reward
 from spa.worldmodel.selfplay import EXPLORATION
 
