@@ -80,7 +80,7 @@ from spa.io import atomic_dir, write_json
 from spa.models import load_model
 from spa.models.loading import spa_home
 from spa.rl import ppo
-from spa.rl.ppo import ALGORITHMS, PPOConfig
+from spa.rl.config import ALGORITHMS, PPOConfig
 
 #: Part of the bootstrap cache key: bump it when the bootstrap recipe below changes.
 BOOTSTRAP_VERSION = "rl_step-bootstrap-v1"

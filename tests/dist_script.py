@@ -24,7 +24,7 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.models import load_model
 from spa.models.engine import Generation
-from spa.rl.ppo import PPOConfig
+from spa.rl.config import PPOConfig
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig

@@ -8,7 +8,7 @@ import torch
 from spa import precision
 from spa.config import ConfigError, load
 from spa.pipeline.recipe import Recipe
-from spa.rl.ppo import PPOConfig
+from spa.rl.config import PPOConfig
 from spa.rl.rwml_config import RWMLConfig
 from spa.worldmodel.sft import SFTConfig
 

@@ -17,7 +17,8 @@ from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, 
 from spa.rl.critic import Critic
 from spa.rl.advantages import compute_advantages, whiten_advantages
 from spa.rl.minibatches import group_spread, local_table, top_groups
-from spa.rl.ppo import PPOConfig, resume_point, train, update_actor
+from spa.rl.config import PPOConfig
+from spa.rl.ppo import resume_point, train, update_actor
 from spa.rl.logger import read_metrics
 from tests.scripted import ScriptedEngine, wm
 

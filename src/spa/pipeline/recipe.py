@@ -54,7 +54,7 @@ from spa import precision
 from spa.config import load, read_yaml
 from spa.models.loading import DEFAULT_MODEL
 from spa.rl.expert_iteration import IterateConfig
-from spa.rl.ppo import PPOConfig
+from spa.rl.config import PPOConfig
 from spa.rl.rwml_config import RWMLConfig
 from spa.worldmodel.selfplay import check_value_settings
 from spa.worldmodel.sft import SFTConfig

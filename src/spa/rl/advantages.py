@@ -45,7 +45,9 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
         for s, a in zip(samples, raw):
             s.advantages = torch.full((s.response_length,), a * scale)
         _finish(samples, kept, config)
-        return {"advantages/mc_rms": rms,
+        # This process's training turns: the raw mean is how much better than its state's
+        # value the policy's moves did, in the task's reward units (no solver needed).
+        return {"advantages/mc_rms": rms, "advantages/mc_mean": sum(raw) / max(len(raw), 1),
                 "advantages/mc_positive": sum(a > 0 for a in raw) / max(len(raw), 1)}
     if critic is None:
         if samples:

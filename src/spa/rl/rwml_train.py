@@ -55,7 +55,8 @@ from spa.rl import core
 from spa.rl.batch import Sample
 from spa.rl.logger import MetricsLogger
 from spa.rl.minibatches import local_table
-from spa.rl.ppo import PPOConfig, resume_point, save_checkpoint, update_actor
+from spa.rl.config import PPOConfig
+from spa.rl.ppo import resume_point, save_checkpoint, update_actor
 from spa.rl.rewards import (EMBEDDING_TAU, extract_prediction, get_reward, prediction_cell_reward,
                             prediction_embedding_reward, prediction_exact_reward)
 from spa.rl.rwml import (Triplet, collect_triplets, eval_triplets, fingerprint, load_triplets, prompt_ids,
