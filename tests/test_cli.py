@@ -23,30 +23,36 @@ def test_envs_lists_every_env_with_defaults():
 
 def test_play_reads_actions_and_quits_on_eof():
     # Seed 0 of the default FrozenLake, without slipping: the first move is deterministic.
-    result = runner.invoke(app, ["play", "frozenlake", "-o", "is_slippery=false"], input="jump\nRight\n")
+    result = runner.invoke(app, ["play", "-e", "frozenlake", "-o", "is_slippery=false"], input="jump\nRight\n")
     assert result.exit_code == 0, result.output
     assert "invalid action" in result.output
     assert "reward" in result.output and "Player at" in result.output
 
 
 def test_play_quit_command():
-    result = runner.invoke(app, ["play", "sokoban", "--seed", "2"], input="quit\n")
+    result = runner.invoke(app, ["play", "--env", "sokoban", "--seed", "2"], input="quit\n")
     assert result.exit_code == 0 and "Box at" in result.output
 
 
+def test_play_still_takes_the_environment_as_its_first_argument_with_a_note():
+    result = runner.invoke(app, ["play", "sokoban", "--seed", "2"], input="quit\n")
+    assert result.exit_code == 0 and "Box at" in result.output
+    assert "note: the environment is given as -e: spa play -e sokoban" in result.output
+
+
 def test_play_rejects_bad_options_with_a_clear_message():
-    result = runner.invoke(app, ["play", "sokoban", "-o", "dim=2"], terminal_width=200)
+    result = runner.invoke(app, ["play", "-e", "sokoban", "-o", "dim=2"], terminal_width=200)
     assert result.exit_code == 2 and "dim=2" in flat(result.output)
-    result = runner.invoke(app, ["play", "sokoban", "-o", "nokey"], terminal_width=200)
+    result = runner.invoke(app, ["play", "-e", "sokoban", "-o", "nokey"], terminal_width=200)
     assert result.exit_code == 2 and "key=value" in flat(result.output)
-    result = runner.invoke(app, ["play", "tetris"], terminal_width=200)
+    result = runner.invoke(app, ["play", "-e", "tetris"], terminal_width=200)
     assert result.exit_code == 2 and "sokoban" in flat(result.output)
 
 
 def test_demo_no_train_only_plays_and_shows_every_turn(monkeypatch, tmp_path):
     monkeypatch.setattr("spa.demo.spa_home", lambda: tmp_path)
     result = runner.invoke(
-        app, ["demo", "--model", "tiny", "--env", "sudoku", "--episodes", "1", "--turns", "2",
+        app, ["demo", "--model", "tiny", "-e", "sudoku", "--episodes", "1", "--turns", "2",
               "--max-new-tokens", "8", "--seed", "0", "--no-train"], terminal_width=200,
     )
     assert result.exit_code == 0, result.output
@@ -89,8 +95,8 @@ def test_demo_trains_a_cached_format_bootstrap_and_shows_before_and_after(monkey
 def test_eval_writes_metrics_report_and_trajectories(tmp_path):
     out = tmp_path / "eval"
     result = runner.invoke(
-        app, ["eval", "--model", "tiny", "--env", "frozenlake", "--num-envs", "2", "--samples", "2",
-              "--max-turns", "2", "--max-new-tokens", "6", "--out", str(out)], terminal_width=200,
+        app, ["eval", "--model", "tiny", "--env", "frozenlake", "--mode", "world_model", "--levels", "2",
+              "--samples", "2", "--max-turns", "2", "--max-new-tokens", "6", "--out", str(out)], terminal_width=200,
     )
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
@@ -178,8 +184,8 @@ def test_iterate_evaluates_the_start_and_names_a_round_without_winners(tmp_path)
     clean error after the start's evaluation, with one-epoch SFT settings recorded."""
     out = tmp_path / "iterate"
     args = ["iterate", "-e", "frozenlake", "-o", "size=3", "-m", "tiny", "--out", str(out), "--rounds", "1",
-            "--episodes", "2", "--samples", "2", "--max-turns", "1", "--eval-envs", "2", "--eval-samples", "2",
-            "--set", "max_new_tokens=4"]
+            "--episodes", "2", "--samples", "2", "--max-turns", "1", "--eval-levels", "2", "--eval-samples", "2",
+            "--keep", "winners", "--set", "max_new_tokens=4"]
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 1
     assert "round 0; eval Pass@1 0.0 [0.0, 0.0]" in flat(result.output)
@@ -223,9 +229,11 @@ def test_iterate_drops_the_rounds_optimizer_states_once_done_unless_kept(tmp_pat
 
 def test_ppl_prints_raw_and_structured(tmp_path):
     out = tmp_path / "ppl.json"
-    result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--num-states", "2",
+    result = runner.invoke(app, ["ppl", "--model", "tiny", "-e", "sudoku", "--levels", "2",
                                  "--out", str(out)], terminal_width=200)
     assert result.exit_code == 0, result.output
+    precision = next(param for param in _commands()["ppl"].params if param.name == "precision_name")
+    assert precision.default == "auto"  # as every command; it was fp32
     results = json.loads(out.read_text())["results"]["sudoku"]
     assert results["raw"]["ppl"] > 1 and results["structured"]["states"] == 2
 
@@ -304,10 +312,11 @@ def test_sft_with_lora_writes_a_plain_checkpoint_and_its_adapters(tmp_path):
     assert (out / "epoch-1" / "adapter" / "adapter_config.json").is_file()
 
 
-def test_ppo_trains_logs_checkpoints_and_resumes(tmp_path):
+def test_rl_trains_logs_checkpoints_and_resumes(tmp_path):
     out = tmp_path / "rl"
-    args = ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(out), "--groups", "2", "--samples", "2",
-            "--max-turns", "1", "--set", "max_new_tokens=4", "--set", "precision=fp32", "--set", "tensorboard=false"]
+    args = ["rl", "-e", "sokoban", "-m", "tiny", "--out", str(out), "--mode", "state", "--groups", "2",
+            "--samples", "2", "--max-turns", "1", "--set", "max_new_tokens=4", "--set", "precision=fp32",
+            "--set", "tensorboard=false"]
     result = runner.invoke(app, args + ["--steps", "1"])
     assert result.exit_code == 0, result.output
     assert (out / "checkpoint" / "policy" / "model.safetensors").is_file()
@@ -317,10 +326,77 @@ def test_ppo_trains_logs_checkpoints_and_resumes(tmp_path):
     assert steps == [1, 2]
 
 
-def test_ppo_rejects_an_unknown_setting_with_a_suggestion(tmp_path):
+def test_rl_rejects_an_unknown_setting_with_a_suggestion(tmp_path):
+    result = runner.invoke(app, ["rl", "-e", "sokoban", "-m", "tiny", "--out", str(tmp_path),
+                                 "--set", "actor_lrr=1e-5"], terminal_width=200)
+    assert result.exit_code == 2 and "did you mean 'actor_lr'" in flat(result.output)
+
+
+def test_ppo_is_a_hidden_alias_of_rl_that_still_runs_with_a_note(tmp_path):
+    assert "ppo" not in runner.invoke(app, ["--help"]).output.split("Commands:")[1]
     result = runner.invoke(app, ["ppo", "-e", "sokoban", "-m", "tiny", "--out", str(tmp_path),
                                  "--set", "actor_lrr=1e-5"], terminal_width=200)
     assert result.exit_code == 2 and "did you mean 'actor_lr'" in flat(result.output)
+    assert "note: spa ppo is now spa rl" in flat(result.output)
+
+
+@pytest.mark.parametrize("command", ["selfplay", "sft", "eval", "rl", "iterate", "rwml", "demo"])
+def test_every_command_with_a_config_takes_set_and_names_an_unknown_key(command, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    required = {"selfplay": ["-e", "frozenlake", "--out", str(tmp_path / "x.jsonl")],
+                "sft": ["--data", str(data), "--out", str(tmp_path / "ckpt")], "eval": ["-e", "frozenlake"],
+                "rl": ["-e", "frozenlake", "--out", str(tmp_path / "rl")],
+                "iterate": ["-e", "frozenlake", "--out", str(tmp_path / "it")],
+                "rwml": ["-e", "frozenlake", "--out", str(tmp_path / "rwml")], "demo": []}[command]
+    result = runner.invoke(app, [command, "-m", "tiny", *required, "--set", "seeed=1"], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "unknown key 'seeed'" in flat(result.output) and "did you mean 'seed'" in flat(result.output)
+
+
+def test_old_option_names_still_work_with_a_note_naming_the_new_one(tmp_path):
+    result = runner.invoke(app, ["eval", "-e", "frozenlake", "--policy", "random", "--num-envs", "2",
+                                 "--samples", "1", "--out", str(tmp_path / "eval")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "note: --num-envs is now --levels" in result.output
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["episodes"] == 2
+    result = runner.invoke(app, ["eval", "-e", "frozenlake", "--policy", "random", "--eval-levels=2"],
+                           terminal_width=200)
+    assert result.exit_code == 2 and "No such option: --eval-levels" in result.output  # not eval's name
+
+
+def test_the_defaults_of_the_options_are_those_of_the_configs():
+    """An option that sets a config field defaults to the field's default, except where the
+    command means otherwise (listed here with the reason)."""
+    from dataclasses import MISSING, fields
+
+    from spa.demo import DemoConfig
+    from spa.eval.evaluate import EvalConfig
+    from spa.rl.config import PPOConfig
+    from spa.rl.expert_iteration import IterateConfig
+    from spa.rl.rwml_config import RWMLConfig
+    from spa.worldmodel.selfplay import SelfPlayConfig
+    from spa.worldmodel.sft import SFTConfig
+
+    renamed = {"max_actions": "max_actions_per_turn", "levels": "num_envs", "eval_levels": "eval_seeds",
+               "filter_easy": "filter", "precision_name": "precision"}
+    differ = {("eval", "mode"),  # the plain prompt; PromptConfig's default is world_model
+              ("iterate", "keep"),  # value: a label from the reward; IterateConfig keeps winners for recipes
+              ("iterate", "precision_name")}  # the rounds' SFT precision, not an IterateConfig field
+    configs = {"selfplay": SelfPlayConfig, "sft": SFTConfig, "eval": EvalConfig, "rl": PPOConfig,
+               "iterate": IterateConfig, "rwml": RWMLConfig, "demo": DemoConfig}
+    prompt = {f.name: f.default for f in fields(EvalConfig().prompt)}
+    checked = 0
+    for command, cls in configs.items():
+        defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)}
+        for param in _commands()[command].params:
+            name = renamed.get(param.name, param.name)
+            default = defaults.get(name, prompt.get(name) if command == "eval" else None)
+            if default is None or (command, param.name) in differ or param.name in ("env", "model", "option"):
+                continue
+            assert param.default == default, f"spa {command} --{param.name}: {param.default!r} != {default!r}"
+            checked += 1
+    assert checked > 40
 
 
 def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(monkeypatch):
@@ -332,8 +408,11 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
                                  "1", "--max-new-tokens", "4", "--no-train"])
     assert result.exit_code == 0, result.output
     assert result.output.count("compute: fp32 (this CPU") == 1
-    result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)
+    result = runner.invoke(app, ["demo", "--model", "tiny", "--precision", "int8"], terminal_width=200)
     assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
+    result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)  # the old name
+    assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
+    assert "note: --dtype is now --precision" in result.output
 
 
 # -- help at 80 columns --------------------------------------------------------------
@@ -344,7 +423,7 @@ def _commands():
 
 
 @pytest.mark.parametrize("columns", [None, "80", "200"])
-@pytest.mark.parametrize("command", [None, *_commands()])
+@pytest.mark.parametrize("command", [None, *(name for name, c in _commands().items() if not c.hidden)])
 def test_help_is_readable_at_80_columns_and_shows_an_example(command, columns):
     """Where the terminal width is unknown (logs, CI) or wide, help stays within 80
     columns, an option's help is not squeezed into a narrow box (its first words stay

@@ -212,7 +212,7 @@ def test_cli_random_policy_writes_the_usual_outputs_without_a_model(tmp_path, mo
 
     monkeypatch.setattr("spa.cli.evaluation.load", no_model)
     out = tmp_path / "tmp"
-    result = CliRunner().invoke(app, ["eval", "--policy", "random", "-e", "frozenlake", "--num-envs", "4",
+    result = CliRunner().invoke(app, ["eval", "--policy", "random", "-e", "frozenlake", "--levels", "4",
                                       "--samples", "2", "--out", str(out)], terminal_width=200)
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())

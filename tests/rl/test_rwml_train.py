@@ -255,7 +255,7 @@ def test_cli_runs_the_stage_and_resumes_without_recollecting(tmp_path):
     out = tmp_path / "run"
     args = ["rwml", "-e", "sokoban", "--out", str(out), "-m", "tiny", "--exploration", "random",
             "--episodes", "2", "--samples", "1", "--max-turns", "2", "--steps", "1", "--group-size", "2",
-            "--batch", "2", "--reward", "exact", "--lr", "1e-4", "--eval-seeds", "2",
+            "--batch-size", "2", "--reward", "exact", "--lr", "1e-4", "--eval-levels", "2",
             "--set", "max_new_tokens=4", "--set", "filter_k=2", "--set", "precision=fp32", "--set", "tensorboard=false"]
     runner = CliRunner()
     result = runner.invoke(app, args, terminal_width=200)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 import typer
 import yaml
 from rich.console import Console
+from typer.core import TyperCommand
 
-from spa import envs, interrupt
+from spa import envs, interrupt, precision
 
 
 def example(command: str) -> str:
@@ -17,7 +19,52 @@ def example(command: str) -> str:
     return f"\b\nExample:\n  {command}"
 
 
-app = typer.Typer(
+#: Option names from before the CLI spoke one vocabulary -> their names now. Each still works
+#: (unlisted in --help) in a command that has the new name, with a note naming it, so that
+#: scripts and notes written before keep running while they move over.
+RENAMED_OPTIONS = {"--dtype": "--precision", "--num-envs": "--levels", "--num-states": "--levels",
+                   "--eval-envs": "--eval-levels", "--eval-seeds": "--eval-levels", "--batch": "--batch-size"}
+#: Command names from before -> now; the old name is a hidden alias that still runs.
+RENAMED_COMMANDS = {"ppo": "rl"}
+#: Commands that took the environment as their first argument (``spa play frozenlake``).
+POSITIONAL_ENV = {"play"}
+
+
+def note(text: str) -> None:
+    typer.echo(f"note: {text}", err=True)
+
+
+class Command(TyperCommand):
+    """A typer command that still understands the old names (:data:`RENAMED_OPTIONS`,
+    :data:`RENAMED_COMMANDS`, :data:`POSITIONAL_ENV`), each with a note naming the new form."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if self.name in RENAMED_COMMANDS:
+            note(f"spa {self.name} is now spa {RENAMED_COMMANDS[self.name]}; the old name goes in a later release")
+        if self.name in POSITIONAL_ENV and args and not args[0].startswith("-"):
+            note(f"the environment is given as -e: spa {self.name} -e {args[0]}")
+            args = ["--env", *args]
+        names = {name for param in self.params for name in param.opts}
+        renamed = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                renamed += args[i:]
+                break
+            name, sep, value = arg.partition("=")
+            new = RENAMED_OPTIONS.get(name)
+            if new in names and name not in names:
+                note(f"{name} is now {new}")
+                arg = new + sep + value
+            renamed.append(arg)
+        return super().parse_args(ctx, renamed)
+
+
+class _Typer(typer.Typer):
+    def command(self, *args, cls: type[TyperCommand] | None = None, **kwargs):
+        return super().command(*args, cls=cls or Command, **kwargs)
+
+
+app = _Typer(
     help="Train LLM agents with an internal world model (SPA), with RWML and RL baselines.",
     epilog=example("spa run configs/frozenlake-spa.yaml --preset quick"),
     no_args_is_help=True,
@@ -38,7 +85,8 @@ def _every_command() -> None:
     interrupt.ignore_save_requests()
 
 EnvNameOption = typer.Option(..., "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}.")
-SetOption = typer.Option(None, "--set", help="Any field of the stage's config as key=value, e.g. --set lr=1e-5.")
+SetOption = typer.Option(None, "--set", help="Any field of the stage's config as key=value (repeatable), e.g. "
+                                             "--set seed=1; applied after the other options.")
 EnvOption = typer.Option(
     None, "--option", "-o", help="Environment option as key=value (repeatable), e.g. -o dim=8."
 )
@@ -65,18 +113,27 @@ def make_env(name: str, options: list[str] | None) -> envs.TextEnv:
 
 ModelOption = typer.Option("smollm2-135m-instruct", "--model", "-m",
                            help="Built-in name (smollm2-135m-instruct, tiny), local folder or hub id.")
-ModeOption = typer.Option("world_model", help="Prompt mode: base, state or world_model.")
-DtypeOption = typer.Option("auto", "--dtype", help="Compute precision: auto (bf16 where the hardware computes it "
-                                                   "natively, else fp32), bf16, fp16 or fp32.")
 
 
-def compute_precision(dtype: str):
+def mode_option(default: str, why: str):
+    """``--mode``, whose help says its default and why that one."""
+    return typer.Option(default, help=f"Prompt mode: base, state or world_model. Default {default}: {why}.")
+
+
+BASE_MODE_WHY = "the plain think/answer prompt (raw grid) in which the recipes' RL trains"
+#: The stages that train: the configs' own help (fp32 master weights, autocast).
+PrecisionOption = typer.Option("auto", "--precision", help=precision.FIELD_HELP)
+#: The commands that only play or measure, which load the weights in the precision itself.
+PlayPrecisionOption = typer.Option("auto", "--precision", help=precision.FIELD_HELP.partition(" Weights stay")[0]
+                                   + " The weights are loaded in it.")
+
+
+def compute_precision(name: str):
     """The resolved precision for this machine's device, announced once; a bad name is a CLI error."""
-    from spa import precision
     from spa.models.loading import resolve_device
 
     try:
-        return precision.decide(dtype, resolve_device("auto"))
+        return precision.decide(name, resolve_device("auto"))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
 

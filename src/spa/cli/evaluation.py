@@ -8,32 +8,33 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, ModeOption, app,
-                            console, example, load, make_env, parse_options, prompt_config)
+from spa.cli.common import (BASE_MODE_WHY, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption,
+                            app, console, example, load, make_env, mode_option, parse_options, settings)
 
 
-@app.command("eval", epilog=example("spa eval --env sokoban --policy oracle --num-envs 16"))
+@app.command("eval", epilog=example("spa eval -e sokoban --policy oracle --levels 16"))
 def evaluate_command(
     env: str = EnvNameOption,
     model: str = ModelOption,
-    mode: str = ModeOption,
-    num_envs: int = typer.Option(128, min=1, help="Evaluation seeds (fixed, disjoint from training)."),
-    samples: int = typer.Option(8, min=1, help="Samples per seed (Pass@k uses k <= samples)."),
+    mode: str = mode_option("base", BASE_MODE_WHY + "; world_model for a world-model SFT checkpoint"),
+    levels: int = typer.Option(128, min=1, help="Evaluation levels (fixed, disjoint from training; paper: 128)."),
+    samples: int = typer.Option(8, min=1, help="Samples per level (Pass@k uses k <= samples; paper: 8)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     history_turns: int = typer.Option(0, min=-1, help="Earlier turns kept in the prompt; -1 keeps all."),
     max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
-    dtype: str = DtypeOption,
+    precision_name: str = PlayPrecisionOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE, or evals/ENV-POLICY "
                             "for random and oracle)."),
     option: list[str] = EnvOption,
     policy: str = typer.Option("model", help="Who plays: model, random (uniform valid actions) or "
                                "oracle (a solver's shortest solution); random and oracle load no model."),
+    set_: list[str] = SetOption,
 ) -> None:
-    """Evaluate a model or a baseline on the fixed evaluation seeds.
+    """Evaluate a model or a baseline on the fixed evaluation levels.
 
     Pass@k, valid-action rates and world-model accuracy; --policy random or oracle plays a
     baseline instead of the model.
@@ -44,18 +45,21 @@ def evaluate_command(
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
     make_env(env, option)
-    prompt = prompt_config(mode, max_turns, max_actions, None if history_turns < 0 else history_turns)
-    config = EvalConfig(env, parse_options(option), prompt, num_envs, samples, temperature, top_p,
-                        max_new_tokens, seed=seed)
+    prompt = dict(mode=mode, max_turns=max_turns, max_actions_per_turn=max_actions,
+                  history_turns=None if history_turns < 0 else history_turns)
+    base = dict(env=env, env_config=parse_options(option), prompt=prompt, num_envs=levels, samples=samples,
+                temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    config = settings(EvalConfig, base, set_)
+    mode = config.prompt.mode
     if policy == "model":
-        lm, tokenizer = load(model, dtype)
+        lm, tokenizer = load(model, precision_name)
         out_dir = out or f"evals/{env}-{mode}"
         metrics = evaluate(lm, tokenizer, config, out_dir, model_name=model)
     else:
         out_dir = out or f"evals/{env}-{policy}"
         metrics = evaluate_policy(policy, config, out_dir)
     player = model if policy == "model" else f"{policy} policy"
-    table = Table(title=f"{player} on {env} ({mode}), {num_envs} seeds x {samples} samples")
+    table = Table(title=f"{player} on {env} ({mode}), {config.num_envs} levels x {config.samples} samples")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metric_rows(metrics):  # Pass@k 95% intervals included, where there are 2+ seeds
@@ -101,17 +105,18 @@ def paired(
     console.print("In %, differences in points; 95% intervals over levels.", highlight=False)
 
 
-@app.command(epilog=example("spa ppl -e sokoban -e sudoku --num-states 32"))
+@app.command(epilog=example("spa ppl -e sokoban -e sudoku --levels 32"))
 def ppl(
-    env: list[str] = typer.Option(None, "--env", "-e", help="Environment(s); default: all."),
+    env: list[str] = typer.Option(None, "--env", "-e", help="Environment (repeatable); default: all."),
     model: str = ModelOption,
-    num_states: int = typer.Option(128, min=1, help="States per environment."),
-    dtype: str = typer.Option("fp32", help="Compute dtype (fp32 default: perplexity is a precise number)."),
+    levels: int = typer.Option(128, min=1, help="Evaluation levels per environment, one state of each "
+                                                "(after 0-4 random actions)."),
+    precision_name: str = PlayPrecisionOption,
     out: str = typer.Option(None, help="Also write the results as JSON here."),
 ) -> None:
     """State perplexity of raw grids vs grids with coordinates.
 
-    The paper's Table 1 measurement.
+    The paper's Table 1 measurement: one state of each of the first evaluation levels.
     """
     from spa.eval.perplexity import sample_states, state_perplexity
     from spa.io import write_json
@@ -119,13 +124,13 @@ def ppl(
     names = env or envs.env_names()
     for name in names:
         make_env(name, None)  # a bad name fails before the model loads
-    lm, tokenizer = load(model, dtype)
-    table = Table(title=f"State perplexity of {model} ({num_states} states each)")
+    lm, tokenizer = load(model, precision_name)
+    table = Table(title=f"State perplexity of {model} ({levels} states each)")
     for column in ("env", "raw grid", "grid + coordinates", "state tokens (raw / structured)"):
         table.add_column(column)
     results = {}
     for name in names:
-        states = sample_states(name, num_states)
+        states = sample_states(name, levels)
         raw = state_perplexity(lm, tokenizer, states, structured=False)
         structured = state_perplexity(lm, tokenizer, states, structured=True)
         results[name] = {"raw": raw, "structured": structured}
@@ -133,4 +138,4 @@ def ppl(
                       f"{raw['state_tokens']} / {structured['state_tokens']}")
     console.print(table)
     if out:
-        write_json(out, {"model": model, "num_states": num_states, "results": results})
+        write_json(out, {"model": model, "levels": levels, "results": results})

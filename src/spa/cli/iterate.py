@@ -1,4 +1,4 @@
-"""``spa iterate``: expert iteration, rounds of self-play filtered by reward and SFT on the rest."""
+"""``spa iterate``: expert iteration, rounds of self-play filtered by a per-turn label and SFT on the rest."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
-                            load, make_env, parse_options, prompt_config, settings)
+from spa.cli.common import (BASE_MODE_WHY, EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app,
+                            console, example, load, make_env, mode_option, parse_options, prompt_config, settings)
 
 
 @app.command(epilog=example("spa iterate -e frozenlake --model runs/fl/sft/epoch-3 --out runs/fl-iterate"))
@@ -16,37 +16,45 @@ def iterate(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: rounds.json, and round-N/ with data.jsonl, sft/, eval/."),
     model: str = ModelOption,
-    mode: str = typer.Option("base", help="Prompt mode: base, state or world_model."),
+    mode: str = mode_option("base", BASE_MODE_WHY),
     rounds: int = typer.Option(3, min=1, help="Rounds of play, filter and SFT."),
     episodes: int = typer.Option(1600, min=1, help="Episodes played per round (a multiple of --samples)."),
     samples: int = typer.Option(4, min=1, help="Episodes per level."),
-    keep: str = typer.Option("winners", help="Turns trained on: winners (of episodes that succeeded: the "
-                                             "task's reward), best (first action on a shortest solution), "
-                                             "best_prefix (those, answer cut to its leading best actions) or "
-                                             "best_grounded (best, own observation and prediction "
-                                             "in the loss only where right; --mode world_model) or value "
-                                             "(first action best by Monte-Carlo value: the task's reward "
-                                             "under random continuation, no solver; its settings, here at "
-                                             "their defaults: --set value_rollouts=128 --set value_horizon=5 "
-                                             "--set value_tolerance=0)."),
+    keep: str = typer.Option("value", help="Turns trained on, by a label per turn. value (the default): the "
+                                           "first action is best by Monte-Carlo value, the task's reward under "
+                                           "random continuation on copies of the environment; no solver; its "
+                                           "settings, here at their defaults: --set value_rollouts=128 --set "
+                                           "value_horizon=5 --set value_tolerance=0; needs an environment that "
+                                           "lists its actions (not sudoku). winners: the turns of episodes that "
+                                           "succeeded (the task's reward alone). best: the first action begins a "
+                                           "shortest solution (a solver's label; every iterate recipe uses it). "
+                                           "best_prefix: those, the answer cut to its leading best actions. "
+                                           "best_grounded: the best turns, own observation and prediction in the "
+                                           "loss only where right (--mode world_model)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),
-    eval_envs: int = typer.Option(128, min=0, help="Evaluation levels after each round (and at the start); "
-                                                   "0: no evaluation."),
+    eval_levels: int = typer.Option(128, min=0, help="Evaluation levels after each round (and at the start); "
+                                                     "0: no evaluation."),
     eval_samples: int = typer.Option(8, min=1, help="Samples per evaluation level."),
     keep_optimizer: bool = typer.Option(False, "--keep-optimizer",
                                         help="Keep the rounds' optimizer states (trainer_state.pt, 1 GB a round "
                                              "for the default model) once every round is done; by default they "
                                              "are deleted then, as `spa run` does, since only an unfinished "
                                              "round resumes from one."),
-    dtype: str = DtypeOption,
+    precision_name: str = PrecisionOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
-    """Expert iteration: the policy plays, keeps what won, and fine-tunes on it, round after round.
+    """Expert iteration: the policy plays, keeps the turns its label (--keep) passes, and
+    fine-tunes on them, round after round.
 
-    A killed run resumes where it stopped when given the same command.
+    Each round plays fresh training levels; the kept turns, with the model's own responses,
+    get one SFT epoch, which gives the next round's policy. The label: value (the default)
+    keeps turns whose first move has the highest Monte-Carlo value under random continuation
+    (the task's reward, no solver), winners the turns of episodes that succeeded, best the
+    turns whose first move begins a solver's shortest solution (the recipes' choice). A
+    killed run resumes where it stopped when given the same command.
     """
     from spa import precision
     from spa.agent.rollout import RolloutConfig
@@ -58,12 +66,12 @@ def iterate(
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
-    sft = {**to_dict(IterateConfig().sft), "lr": lr, "precision": dtype}  # the one-epoch defaults, not SFTConfig's
+    sft = {**to_dict(IterateConfig().sft), "lr": lr, "precision": precision_name}  # one epoch, not SFTConfig's
     base = dict(rounds=rounds, episodes=episodes, samples=samples, keep=keep, sft=sft)
     config = settings(IterateConfig, base, set_)
     rollout = RolloutConfig(env, parse_options(option), prompt)
     load_fp32 = partial(load, dtype="fp32", announce=False)
-    eval_config = EvalConfig(env, parse_options(option), prompt, max(eval_envs, 1), eval_samples,
+    eval_config = EvalConfig(env, parse_options(option), prompt, max(eval_levels, 1), eval_samples,
                              max_new_tokens=config.max_new_tokens)
 
     def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
@@ -74,7 +82,7 @@ def iterate(
         console.print(describe_round(record))
 
     try:
-        run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_envs else None, on_round=report)
+        run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_levels else None, on_round=report)
     except (ValueError, RuntimeError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None

@@ -7,8 +7,8 @@ from rich.table import Table
 
 from spa import envs
 from spa.agent.seeds import EVAL_SEED_OFFSET
-from spa.cli.common import (DtypeOption, EnvOption, ModelOption, app, console, example, load, make_env,
-                            parse_options)
+from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption, app, console,
+                            example, load, make_env, parse_options, settings)
 
 
 @app.command("envs", epilog=example("spa envs"))
@@ -24,9 +24,9 @@ def list_envs() -> None:
     console.print(table)
 
 
-@app.command(epilog=example("spa play frozenlake --seed 3 -o size=6"))
+@app.command(epilog=example("spa play -e frozenlake --seed 3 -o size=6"))
 def play(
-    env: str = typer.Argument(..., help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = EnvNameOption,
     seed: int = typer.Option(0, help="Seed of the episode (the same seed, the same level)."),
     option: list[str] = EnvOption,
 ) -> None:
@@ -60,7 +60,7 @@ def play(
 
 @app.command(epilog=example("spa demo --model tiny --episodes 1 --bootstrap-episodes 4"))
 def demo(
-    env: str = typer.Option("frozenlake", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = typer.Option("frozenlake", "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
     model: str = ModelOption,
     episodes: int = typer.Option(4, min=1, help="Levels to play (the first evaluation levels by default)."),
     turns: int = typer.Option(3, min=1, help="Turns per episode."),
@@ -71,8 +71,9 @@ def demo(
                                                                "--no-train only plays, showing every turn."),
     bootstrap_episodes: int = typer.Option(64, min=1, help="Random-exploration episodes of the format "
                                                            "bootstrap (one SFT epoch; cached)."),
-    dtype: str = DtypeOption,
+    precision_name: str = PlayPrecisionOption,
     option: list[str] = EnvOption,
+    set_: list[str] = SetOption,
 ) -> None:
     """Watch the model play in world-model mode at temperature 1, then train it briefly and
     watch again.
@@ -84,15 +85,16 @@ def demo(
     from spa import demo as demo_
 
     make_env(env, option)  # validates the options before the model loads
-    config = demo_.DemoConfig(env, parse_options(option), episodes, turns, 3, max_new_tokens, seed,
-                              bootstrap_episodes, dtype)
-    before = demo_.play(*load(model, dtype), config, "before" if train else model)
+    base = dict(env=env, options=parse_options(option), episodes=episodes, turns=turns, max_new_tokens=max_new_tokens,
+                seed=seed, bootstrap_episodes=bootstrap_episodes, precision=precision_name)
+    config = settings(demo_.DemoConfig, base, set_)
+    before = demo_.play(*load(model, config.precision), config, "before" if train else model)
     if not train:
         _show_turns(before)
     else:
         checkpoint = demo_.bootstrapped(model, config, lambda text: console.print(text, highlight=False))
-        after = demo_.play(*load(str(checkpoint), dtype), config, "after")
-        title = f"{env}: {model} before and after a {bootstrap_episodes}-episode format bootstrap"
+        after = demo_.play(*load(str(checkpoint), config.precision), config, "after")
+        title = f"{env}: {model} before and after a {config.bootstrap_episodes}-episode format bootstrap"
         console.print(demo_.comparison({"before": before, "after": after}, title))
     console.print(f"Next, the whole method (self-play, world-model SFT, RL): "
                   f"{demo_.next_command(env, config.options)}", highlight=False, soft_wrap=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (DtypeOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, example,
-                            load_for_training, make_env, parse_options, settings)
+from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app, console,
+                            example, load_for_training, make_env, parse_options, settings)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
 
@@ -17,12 +17,13 @@ def rwml(
     exploration: str = typer.Option("self_play", help="Data: self_play (the policy plays, paper) or random "
                                                       "(random valid actions; for models that rarely act)."),
     episodes: int = typer.Option(1280, min=1, help="Data episodes (a multiple of --samples)."),
-    samples: int = typer.Option(8, min=1, help="Episodes per training seed."),
+    samples: int = typer.Option(8, min=1, help="Episodes per training level."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode (one triplet per turn)."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     steps: int = typer.Option(100, min=1, help="GRPO steps."),
-    group_size: int = typer.Option(8, min=2, help="Predictions per triplet (paper: 8)."),
-    batch: int = typer.Option(32, min=1, help="Triplets per step."),
+    group_size: int = typer.Option(8, min=2, help="Predictions per triplet: the group whose rewards GRPO "
+                                                  "compares (paper: 8)."),
+    batch_size: int = typer.Option(32, min=1, help="Triplets per step, each a group of --group-size predictions."),
     reward: str = typer.Option("embedding", help="embedding (paper: 1[1 - cos < tau]), exact, cell, or change "
                                "(cell accuracy balanced over changed and kept cells: a copy scores 0.5)."),
     tau: float = typer.Option(EMBEDDING_TAU, min=0.0, help="Cosine-distance threshold of the embedding reward."),
@@ -30,10 +31,11 @@ def rwml(
     filter_easy: bool = typer.Option(True, "--filter/--no-filter",
                                      help="Subsample too-easy triplets (paper); costs K predictions per triplet."),
     filter_model: str = typer.Option("", help="Model of the too-easy filter; empty: the policy at the start."),
-    eval_seeds: int = typer.Option(32, min=0, help="Held-out seeds for next-state accuracy; 0: no evaluation."),
+    eval_levels: int = typer.Option(32, min=0, help="Evaluation levels explored at random for next-state "
+                                                    "accuracy; 0: no evaluation."),
     eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
     resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
-    dtype: str = DtypeOption,
+    precision_name: str = PrecisionOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
@@ -46,9 +48,9 @@ def rwml(
 
     make_env(env, option)
     base = dict(exploration=exploration, episodes=episodes, samples=samples, max_turns=max_turns,
-                max_actions_per_turn=max_actions, steps=steps, group_size=group_size, batch_size=batch,
+                max_actions_per_turn=max_actions, steps=steps, group_size=group_size, batch_size=batch_size,
                 reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
-                eval_seeds=eval_seeds, eval_every=eval_every, precision=dtype)
+                eval_seeds=eval_levels, eval_every=eval_every, precision=precision_name)
     config = settings(RWMLConfig, base, set_)
     _, lm, tokenizer = load_for_training(model, out, resume)
     try:
