@@ -101,7 +101,7 @@ def resolve(name: str = "auto", device: torch.device | str = "cpu") -> Precision
     warning = ""
     if slow.get(name):
         warning = (f"{name} was asked for, but {hardware}: it is emulated and can be 10-100x slower than "
-                   f"fp32 (use --dtype auto or fp32)")
+                   f"fp32 (use --precision auto or fp32, or precision: auto in a recipe)")
     return Precision(name, "asked for", warning)
 
 

@@ -118,7 +118,7 @@ _STAGE_SEED_HELP = "Seed of this stage; null: the recipe's seed (a number here w
 
 # The stage configs as recipe sections: the same fields, except that the seed may be left
 # unset (null), so that the recipe can tell "derive it from the recipe's seed" from an
-# explicit value. Standalone (spa sft, spa ppo, spa rwml) a stage's seed is always a number.
+# explicit value. Standalone (spa sft, spa rl, spa rwml) a stage's seed is always a number.
 @dataclass
 class SFTSection(SFTConfig):
     seed: int | None = field(default=None, metadata={"help": _STAGE_SEED_HELP})
