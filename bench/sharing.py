@@ -7,7 +7,7 @@ other on all cores). Small batched decoding and SFT steps of a 135M model use tw
 poorly, so sharing can pay; whether it does is measured here, on this machine.
 
     python bench/sharing.py -- spa eval -e frozenlake -m runs/X/sft/epoch-3 --mode base \\
-        --num-envs 32 --samples 4 --max-new-tokens 64 --out {out}
+        --levels 32 --samples 4 --max-new-tokens 64 --out {out}
     python bench/sharing.py --cores 2 -- python bench/sft.py --data runs/X/data/selfplay.jsonl
 
 ``{out}`` in the command becomes a fresh folder per job, so that two jobs never write the
