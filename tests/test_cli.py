@@ -354,12 +354,29 @@ def test_every_command_with_a_config_takes_set_and_names_an_unknown_key(command,
     assert "unknown key 'seeed'" in flat(result.output) and "did you mean 'seed'" in flat(result.output)
 
 
-def test_old_option_names_still_work_with_a_note_naming_the_new_one(tmp_path):
+def test_old_option_names_are_errors_naming_the_new_form(tmp_path):
     result = runner.invoke(app, ["eval", "-e", "frozenlake", "--policy", "random", "--num-envs", "2",
                                  "--samples", "1", "--out", str(tmp_path / "eval")], terminal_width=200)
-    assert result.exit_code == 0, result.output
-    assert "note: --num-envs is now --levels" in result.output
-    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["episodes"] == 2
+    assert result.exit_code == 2, result.output
+    assert "--num-envs is now --levels: use spa eval --levels 2" in flat(result.output)
+    assert not (tmp_path / "eval").exists()  # nothing ran
+    for args, fix in [(["eval", "-e", "frozenlake", "--num-envs=4"],
+                       "--num-envs is now --levels: use spa eval --levels 4"),
+                      (["ppl", "--num-states", "8"], "--num-states is now --levels: use spa ppl --levels 8"),
+                      (["rl", "-e", "frozenlake", "--out", str(tmp_path), "--eval-envs", "32"],
+                       "--eval-envs is now --eval-levels: use spa rl --eval-levels 32"),
+                      (["ppo", "-e", "frozenlake", "--out", str(tmp_path), "--eval-envs", "32"],  # names spa rl
+                       "--eval-envs is now --eval-levels: use spa rl --eval-levels 32"),
+                      (["iterate", "-e", "frozenlake", "--out", str(tmp_path), "--eval-envs", "0"],
+                       "--eval-envs is now --eval-levels: use spa iterate --eval-levels 0"),
+                      (["rwml", "-e", "frozenlake", "--out", str(tmp_path), "--eval-seeds", "16"],
+                       "--eval-seeds is now --eval-levels: use spa rwml --eval-levels 16"),
+                      (["rwml", "-e", "frozenlake", "--out", str(tmp_path), "--batch", "4"],
+                       "--batch is now --batch-size: use spa rwml --batch-size 4"),
+                      (["sft", "--data", "d.jsonl", "--out", str(tmp_path), "--dtype", "fp32"],
+                       "--dtype is now --precision: use spa sft --precision fp32")]:
+        result = runner.invoke(app, args, terminal_width=200)
+        assert result.exit_code == 2 and fix in flat(result.output), (args, result.output)
     result = runner.invoke(app, ["eval", "-e", "frozenlake", "--policy", "random", "--eval-levels=2"],
                            terminal_width=200)
     assert result.exit_code == 2 and "No such option: --eval-levels" in result.output  # not eval's name
@@ -411,8 +428,7 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
     result = runner.invoke(app, ["demo", "--model", "tiny", "--precision", "int8"], terminal_width=200)
     assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
     result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)  # the old name
-    assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
-    assert "note: --dtype is now --precision" in result.output
+    assert result.exit_code == 2 and "--dtype is now --precision: use spa demo --precision int8" in flat(result.output)
 
 
 # -- help at 80 columns --------------------------------------------------------------

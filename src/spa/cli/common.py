@@ -19,9 +19,10 @@ def example(command: str) -> str:
     return f"\b\nExample:\n  {command}"
 
 
-#: Option names from before the CLI spoke one vocabulary -> their names now. Each still works
-#: (unlisted in --help) in a command that has the new name, with a note naming it, so that
-#: scripts and notes written before keep running while they move over.
+#: Option names from before the CLI spoke one vocabulary -> their names now. In a command
+#: that has the new name the old one is an error that names the new form (``--num-envs is
+#: now --levels: use spa eval --levels 128``), so that a script written before stops with
+#: the fix instead of running on.
 RENAMED_OPTIONS = {"--dtype": "--precision", "--num-envs": "--levels", "--num-states": "--levels",
                    "--eval-envs": "--eval-levels", "--eval-seeds": "--eval-levels", "--batch": "--batch-size"}
 #: Command names from before -> now; the old name is a hidden alias that still runs.
@@ -35,8 +36,9 @@ def note(text: str) -> None:
 
 
 class Command(TyperCommand):
-    """A typer command that still understands the old names (:data:`RENAMED_OPTIONS`,
-    :data:`RENAMED_COMMANDS`, :data:`POSITIONAL_ENV`), each with a note naming the new form."""
+    """A typer command that knows the old names: the old commands (:data:`RENAMED_COMMANDS`)
+    and the positional environment (:data:`POSITIONAL_ENV`) still run, each with a note
+    naming the new form; an old option (:data:`RENAMED_OPTIONS`) is an error naming it."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if self.name in RENAMED_COMMANDS:
@@ -45,18 +47,17 @@ class Command(TyperCommand):
             note(f"the environment is given as -e: spa {self.name} -e {args[0]}")
             args = ["--env", *args]
         names = {name for param in self.params for name in param.opts}
-        renamed = []
         for i, arg in enumerate(args):
             if arg == "--":
-                renamed += args[i:]
                 break
             name, sep, value = arg.partition("=")
             new = RENAMED_OPTIONS.get(name)
             if new in names and name not in names:
-                note(f"{name} is now {new}")
-                arg = new + sep + value
-            renamed.append(arg)
-        return super().parse_args(ctx, renamed)
+                if not sep and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    value = args[i + 1]
+                command = RENAMED_COMMANDS.get(self.name, self.name)
+                ctx.fail(f"{name} is now {new}: use spa {command} {new} {value}".rstrip())
+        return super().parse_args(ctx, args)
 
 
 class _Typer(typer.Typer):
