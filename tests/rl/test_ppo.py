@@ -533,3 +533,21 @@ def test_excess_action_penalty_hits_answers_naming_more_actions_than_a_turn_play
     assert [t.reward for t in trajectories[0].turns] == [0.0, -0.5, 1.0]
     assert shape_rewards(trajectories, _shaping(None, 0.0, 0.5, 3)) == 0.0
     assert PPOConfig().excess_action_penalty == 0.0
+
+
+def test_target_kl_stops_the_step_once_the_policy_moved_that_far(tiny, tmp_path):
+    """8 turns a step in minibatches of 4: two optimizer steps. At lr 1e-2 the first moves the
+    policy far, so with a tiny target_kl the second minibatch's approx_kl exceeds it and the
+    step stops there (one update); without it both run."""
+    model, tokenizer = tiny
+    runs = {}
+    for target in (0.0, 1e-4):
+        # the real engine (its log-probs are the trainer's: the first minibatch's KL is 0);
+        # the random tiny model's groups are flat, kept so that it trains
+        config = small_run("grpo", steps=1, actor_lr=1e-2, target_kl=target, drop_flat_groups=False)
+        (step,) = train(copy.deepcopy(model), tokenizer, ROLLOUT, config, tmp_path / str(target), progress=False)
+        runs[target] = step
+    assert runs[0.0]["actor/updates"] == 2 and runs[0.0]["actor/kl_stop"] == 0
+    assert runs[1e-4]["actor/updates"] == 1 and runs[1e-4]["actor/kl_stop"] == 1
+    with pytest.raises(ValueError, match="target_kl=-1"):
+        PPOConfig(target_kl=-1)

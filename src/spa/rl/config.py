@@ -50,6 +50,11 @@ class PPOConfig:
         "Optimizer steps over which the actor's and critic's learning rates rise linearly to their "
         "values (0: none). Adam's first steps move every weight by about the full learning rate "
         "whatever the gradient's size, so a rate that is safe later can wreck the policy at once.")})
+    target_kl: float = field(default=0.0, metadata={"help": (
+        "Stop a step's actor updates before the first minibatch whose approx_kl to the policy that "
+        "played the step exceeds this (0: never). Bounds each step's move whatever the learning rate: "
+        "on 3x3 lakes lr 1e-4 reached approx_kl 0.05 by step 4 and broke the format at step 6 (0.68, "
+        "then 3.4), where 2e-5 moved the policy too little (about 5e-4 a step).")})
     gamma: float = 1.0
     lam: float = 1.0
     clip_low: float = 0.2
@@ -135,7 +140,8 @@ class PPOConfig:
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
-                  "warmup_steps": self.warmup_steps >= 0, "mc_rollouts": self.mc_rollouts >= 1, "negative_weight": 0 <= self.negative_weight <= 1,
+                  "warmup_steps": self.warmup_steps >= 0, "mc_rollouts": self.mc_rollouts >= 1,
+                  "target_kl": self.target_kl >= 0, "negative_weight": 0 <= self.negative_weight <= 1,
                   "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
         for name, ok in checks.items():
             if not ok:

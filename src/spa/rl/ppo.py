@@ -100,13 +100,19 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     Besides the averages over all minibatches, ``actor/first_ratio`` and
     ``actor/first_clipfrac`` are those of the first minibatch, before any optimizer step:
     how far the trainer's log-probs are from the sampler's (1 and 0 when they agree).
+    With ``target_kl`` the step stops before the first minibatch whose approx_kl to the
+    playing policy exceeds it (``actor/kl_stop`` 1; ``actor/updates`` the optimizer steps
+    taken), as CleanRL and Stable-Baselines3 do: a bound on each step's move, whatever the
+    learning rate.
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
     totals: dict[str, float] = {}
     first: dict[str, float] = {}
-    count, first_count, norms = 0, 0, []
+    count, first_count, norms, stopped = 0, 0, [], 0.0
     for index, (micro_batches, total) in enumerate(minibatches(samples, table, config, rng)):
+        batch_kl: dict[str, float] = {"kl": 0.0}
+        batch_tokens = 0
         for mb in micro_batches:
             batch = on_device(collate(mb, pad_id), policy)
             with autocast:
@@ -133,10 +139,20 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v * n
             count += n
+            batch_kl["kl"] += stats["approx_kl"] * n
+            batch_tokens += n
             if index == 0:
                 first["ratio"] = first.get("ratio", 0.0) + stats["ratio_mean"] * n
                 first["clipfrac"] = first.get("clipfrac", 0.0) + stats["clipfrac"] * n
                 first_count += n
+        if config.target_kl:
+            # The policy has moved this far from the one that played the step (this
+            # minibatch's KL, before its own update): stop the step's updates here.
+            batch_kl, batch_tokens = distributed.sum_stats(batch_kl, batch_tokens)
+            if batch_kl["kl"] / max(batch_tokens, 1) > config.target_kl:
+                optimizer.zero_grad(set_to_none=True)
+                stopped = 1.0
+                break
         norms.append(_optimizer_step(params, optimizer, config.max_grad_norm, config.actor_lr,
                                      config.warmup_steps))
     totals, count = distributed.sum_stats(totals, count)
@@ -144,7 +160,8 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     stats = {f"actor/{k}": v / max(count, 1) for k, v in totals.items()}
     stats.update({f"actor/first_{k}": v / max(first_count, 1) for k, v in first.items()})
     return {**stats, "actor/grad_norm": float(np.mean(norms)) if norms else 0.0,
-            "actor/lr": optimizer.param_groups[0]["lr"]}
+            "actor/lr": optimizer.param_groups[0]["lr"], "actor/updates": float(len(norms)),
+            "actor/kl_stop": stopped}
 
 
 def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
