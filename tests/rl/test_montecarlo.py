@@ -124,20 +124,26 @@ def test_play_on_keeps_the_episode_limits(tiny):
     assert returns == [0.0] and engine.calls == 1
 
 
-def test_mc_advantages_keep_their_sign_and_ratios_across_the_step():
-    """Review item 2: a malformed turn's -0.1 stays a tenth of a win's +1 after the scaling
-    (one division by the step's root mean square; no per-group std, no shift), and every
-    turn keeps its own advantage whatever its episode's length (item 5)."""
+def test_mc_advantages_share_one_scale_across_the_step():
+    """Review item 2: one centre and one scale for the whole step (no per-group std), so a
+    malformed turn stays 0.1 below a neutral one where a win is 1 above it; and every turn
+    keeps its own advantage whatever its episode's length (item 5). Without ``mc_center``
+    the advantages are divided by their root mean square and keep their signs."""
     long = _episode(0, [0.0, 0.0, 0.0], lengths=[3, 3, 3])
     short = _episode(0, [0.0], sample=1, lengths=[3])
     kept = [long, short]
-    samples = turn_samples(kept)
     raw = [[-0.1, 0.0, 1.0], [1.0]]
-    compute_advantages(samples, kept, None, PPOConfig(algorithm="grpo", advantage="mc"), 0, None, raw)
-    rms = np.sqrt((0.01 + 0 + 1 + 1) / 4)
-    got = [float(s.advantages[0]) for s in samples]
-    assert got == pytest.approx([-0.1 / rms, 0.0, 1 / rms, 1 / rms])
-    assert all(torch.all(s.advantages == s.advantages[0]) for s in samples)
+    flat = [-0.1, 0.0, 1.0, 1.0]
+    for center in (True, False):
+        samples = turn_samples(kept)
+        config = PPOConfig(algorithm="grpo", advantage="mc", mc_center=center)
+        compute_advantages(samples, kept, None, config, 0, None, raw)
+        mean = np.mean(flat) if center else 0.0
+        scale = np.sqrt(np.mean((np.array(flat) - mean) ** 2))
+        got = [float(s.advantages[0]) for s in samples]
+        assert got == pytest.approx([(a - mean) / scale for a in flat])
+        assert (got[1] - got[0]) / (got[2] - got[1]) == pytest.approx(0.1)
+        assert all(torch.all(s.advantages == s.advantages[0]) for s in samples)
 
 
 def test_unplayed_actions_are_left_out_of_the_loss(tiny):
@@ -173,8 +179,10 @@ def test_a_collapsed_group_is_pushed_down_not_dropped(tiny, tmp_path, monkeypatc
     for cls in TextEnv.__subclasses__():
         monkeypatch.setattr(cls, "best_actions", no_solver)
     script = [["<answer>Down</answer>"] * 4, ["<answer>Left</answer>"] * 4]
-    config = PPOConfig(algorithm="grpo", advantage="mc", mc_rollouts=64, steps=1, groups=2, samples=2,
-                       max_new_tokens=6, minibatch_size=4, micro_batch_size=2, actor_lr=1e-3,
+    # mc_center off: every turn keeps its sign (centred, one level's identical turns would all be 0;
+    # across the levels of a real step they are pushed down relative to the step's mean)
+    config = PPOConfig(algorithm="grpo", advantage="mc", mc_center=False, mc_rollouts=64, steps=1, groups=2,
+                       samples=2, max_new_tokens=6, minibatch_size=4, micro_batch_size=2, actor_lr=1e-3,
                        tensorboard=False, precision="fp32")
     flat = train(copy.deepcopy(model), tokenizer, lake_rollout(), PPOConfig(**{**vars(config), "advantage": "grpo"}),
                  tmp_path / "grpo", progress=False, engine=ScriptedEngine(tokenizer, script))

@@ -34,20 +34,23 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     over the step (``whiten_advantages``; the moments are global), and the explained
     variance over all processes' turns is returned. With ``advantage="mc"``,
     ``turn_values[e][t]`` is turn t of ``kept[e]``'s Monte-Carlo advantage
-    (:mod:`spa.rl.montecarlo`): every token of the turn gets it, divided by the root mean
-    square over the step's training turns (of every process). Every process must call it.
+    (:mod:`spa.rl.montecarlo`): every token of the turn gets it, less the step's mean over
+    the training turns (of every process) with ``mc_center``, divided by the standard
+    deviation about that centre (the root mean square without it). Every process must call it.
     """
     if config.advantage == "mc":
         raw = [turn_values[s.episode][s.turn] for s in samples]
-        count, squares = distributed.total(float(len(raw)), float(sum(a * a for a in raw)))
-        rms = (squares / max(count, 1.0)) ** 0.5
-        scale = 1.0 / rms if rms > 0 else 0.0
+        count, total, squares = distributed.total(float(len(raw)), float(sum(raw)), float(sum(a * a for a in raw)))
+        mean = total / max(count, 1.0) if config.mc_center else 0.0
+        spread = max(squares / max(count, 1.0) - mean * mean, 0.0) ** 0.5
+        scale = 1.0 / spread if spread > 0 else 0.0
         for s, a in zip(samples, raw):
-            s.advantages = torch.full((s.response_length,), a * scale)
+            s.advantages = torch.full((s.response_length,), (a - mean) * scale)
         _finish(samples, kept, config)
         # This process's training turns: the raw mean is how much better than its state's
         # value the policy's moves did, in the task's reward units (no solver needed).
-        return {"advantages/mc_rms": rms, "advantages/mc_mean": sum(raw) / max(len(raw), 1),
+        return {"advantages/mc_rms": (squares / max(count, 1.0)) ** 0.5,
+                "advantages/mc_mean": sum(raw) / max(len(raw), 1),
                 "advantages/mc_positive": sum(a > 0 for a in raw) / max(len(raw), 1)}
     if critic is None:
         if samples:

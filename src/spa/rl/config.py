@@ -32,6 +32,11 @@ class PPOConfig:
         "call; Q and V of random play after the turn, slips drawn afresh); policy: the policy itself, "
         "sampled at the rollout temperature (VinePPO: A = r + V(s') - V(s), unbiased, costs "
         "mc_rollouts generations per turn).")})
+    mc_center: bool = field(default=True, metadata={"help": (
+        "advantage=mc: subtract the step's mean advantage (over its training turns) before the scaling, "
+        "a baseline constant over the step, so unbiased. Without it a policy that plays worse than random "
+        "(a negative mean) pushes every sampled token down on balance, its format tokens included: on 3x3 "
+        "lakes the entropy rose from 0.06 to 0.19 and the format began to break within 9 steps.")})
     mc_rollouts: int = field(default=16, metadata={"help": (
         "advantage=mc: continuations per estimate (random: for Q and for V at every turn; policy: for V "
         "at every state).")})

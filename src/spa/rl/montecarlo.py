@@ -28,10 +28,11 @@ Random continuations get the actions the episode has left (:func:`action_budgets
 turn that played nothing (malformed) gets exactly its penalty. The policy's continuations
 play the turns the episode has left, under its limits.
 
-The advantages are then divided by their root mean square over the step's turns
-(:func:`spa.rl.core.rms_scale`), with no shift: the sign of every turn stays its own,
-a malformed turn's -0.1 keeps its size relative to a win, and the step size no longer
-depends on the task's reward units (FrozenLake 1, Sokoban up to 10.9).
+The trainer then centres the step's advantages on their mean (``mc_center``: a baseline
+constant over the step) and divides them by their standard deviation, one scale for the
+whole step (:func:`spa.rl.advantages.compute_advantages`): a malformed turn's -0.1 keeps
+its size relative to a win (GRPO's per-group std blew it up to the size of a win), and the
+step size no longer depends on the task's reward units (FrozenLake 1, Sokoban up to 10.9).
 """
 
 from __future__ import annotations
