@@ -138,3 +138,16 @@ def test_a_rounds_best_first_action_shows_its_paired_gain_where_the_turns_were_s
     expected = signed_pct_with_interval(shares.difference, shares.difference_ci95)
     assert f" | 10.0% ({expected}) | " in rows[3]  # metrics.json's rate, the gain from the counts
     assert " | 0.0% | " in rows[2] and " | 20.0% | " in rows[4]  # no round before; no counts
+
+
+def test_the_run_table_names_each_runs_learner():
+    from spa.pipeline.report import learner_name
+
+    assert learner_name({"method": "spa", "rl": "iterate", "iterate": {"keep": "best"}}) == "solver-label rounds"
+    assert learner_name({"method": "vanilla", "rl": "iterate", "iterate": {"keep": "value"}}) == \
+        "Monte-Carlo-value rounds"
+    assert learner_name({"method": "spa", "rl": "ppo", "ppo": {"algorithm": "grpo", "advantage": "grpo"}}) == "GRPO"
+    assert learner_name({"method": "spa", "rl": "ppo", "ppo": {"algorithm": "grpo", "advantage": "mc"}}) == \
+        "GRPO, Monte-Carlo advantages"
+    assert learner_name({"method": "vagen", "ppo": {"algorithm": "ppo", "advantage": "turn_gae"}}) == "PPO"
+    assert learner_name({"method": "rwml"}) == "RWML (no RL stage)"

@@ -283,7 +283,10 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
     runs = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
             if line.startswith(("| straight", "| seed1", "| other"))}
     pair, alone = (line.split(" | ") for line in text.splitlines() if line.startswith("| G"))
-    assert pair[:7] == ["| G1", "spa", "sokoban", "-", runs["straight"][3], "ppo", "2"]
+    import yaml  # the run table names each run's learner, as its resolved recipe says
+
+    assert runs["straight"][2] == report_module.learner_name(yaml.safe_load((straight / "config.yaml").read_text()))
+    assert pair[:7] == ["| G1", "spa", "sokoban", "-", runs["straight"][4], "ppo", "2"]
     assert pair[-1] == "straight, seed1 |"
     assert alone[3] == "ppo.steps=1" and alone[6] == "1" and alone[-1] == "other |"  # named by its override
     # Two seeds: mean and bootstrap interval over both runs' levels; Pass@8 needs 8 samples.
@@ -295,9 +298,9 @@ def test_compare_groups_replicates_by_recipe(preset, finished, tmp_path):
     assert 0 < low < centre < high < 1  # the rewritten successes: a real interval
     # The RL gain of a run, paired over its levels: the rewritten final successes against
     # the SFT evaluation's (none).
-    assert runs["straight"][10] == rl_gain(straight) and runs["straight"][10].startswith("+")
+    assert runs["straight"][11] == rl_gain(straight) and runs["straight"][11].startswith("+")
     # One seed: the run's own number and interval over levels, as in the per-run table.
-    assert alone[7:13] == runs["other"][4:10]
+    assert alone[7:13] == runs["other"][5:11]
     assert (tmp_path / "cmp" / "passk.png").stat().st_size > 1000
     # passk.png's final curve of the single run: its Pass@1 and Pass@2, k = 1..samples
     metrics = json.loads((tmp_path / "other" / "eval" / "final-world_model" / "metrics.json").read_text())
@@ -334,14 +337,14 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
 
     full, cut = rows
     assert pct("eval_base", "pass@1") != "-"
-    assert full[1:4] == ["spa", "sokoban", mode]
-    assert full[4:10] == [pct("eval_base", "pass@1"), pct("eval_base", "pass@8"), pct("eval_sft", "pass@1"),
+    assert [full[1], *full[3:5]] == ["spa", "sokoban", mode]
+    assert full[5:11] == [pct("eval_base", "pass@1"), pct("eval_base", "pass@8"), pct("eval_sft", "pass@1"),
                           pct("eval_sft", "pass@8"), pct("eval_final", "pass@1"), pct("eval_final", "pass@8")]
-    assert cut[4:10] == full[4:8] + ["-", "-"]
+    assert cut[5:11] == full[5:9] + ["-", "-"]
     final = json.loads(Path(stages["eval_final"]["outputs"][mode]["metrics"]).read_text())
-    assert full[10] == rl_gain(finished) and cut[10] == "-"  # the partial run has no final evaluation
-    assert full[11] == f"{100 * final['best_first_rate']:.1f}" and cut[11] == "-"
-    assert "(unfinished)" in cut[12] and "(unfinished)" not in full[12]
+    assert full[11] == rl_gain(finished) and cut[11] == "-"  # the partial run has no final evaluation
+    assert full[12] == f"{100 * final['best_first_rate']:.1f}" and cut[12] == "-"
+    assert "(unfinished)" in cut[13] and "(unfinished)" not in full[13]
     # The total wall time: 5 stages of 720 s make the partial run's hour.
     (partial / "stages.json").write_text(json.dumps({k: {**v, "seconds": 720.0} for k, v in kept.items()}))
     report_module.compare([partial], tmp_path / "cmp-total")
@@ -353,8 +356,8 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
     report_module.compare([tmp_path / "old"], tmp_path / "cmp-old")
     old = next(line.split(" | ") for line in (tmp_path / "cmp-old" / "comparison.md").read_text().splitlines()
                if line.startswith("| old"))
-    assert old[4:10] == [cell.split(" [")[0] for cell in full[4:10]]
-    assert all("[" not in cell for cell in old[4:10]) and any("[" in cell for cell in full[4:10])
+    assert old[5:11] == [cell.split(" [")[0] for cell in full[5:11]]
+    assert all("[" not in cell for cell in old[5:11]) and any("[" in cell for cell in full[5:11])
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in CONFIGS.glob("*.yaml")))
@@ -575,12 +578,13 @@ def test_plain_expert_iteration_starts_from_the_evaluated_bootstrap(preset, tmp_
     row = next(line.split(" | ") for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
                if line.startswith("| vanilla-iterate"))
     before = json.loads((folder / "eval" / "bootstrap-base" / "metrics.json").read_text())
-    assert row[6] == with_interval(before["pass_at_k"]["pass@1"], *before["pass_at_k_ci95"]["pass@1"])
-    assert row[10] == rl_gain(folder, before="eval_bootstrap")
+    assert row[2] == "winner rounds" or row[2].endswith("rounds")  # its learner
+    assert row[7] == with_interval(before["pass_at_k"]["pass@1"], *before["pass_at_k_ci95"]["pass@1"])
+    assert row[11] == rl_gain(folder, before="eval_bootstrap")
     table = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "## Learning curves (expert iteration)" in table and (tmp_path / "cmp" / "rounds.png").is_file()
     round_1 = next(line.split(" | ") for line in table.splitlines() if line.startswith("| vanilla-iterate | 1 |"))
-    assert round_1[5] == row[10]  # one round: its gain over round 0 is RL's gain over the bootstrap
+    assert round_1[5] == row[11]  # one round: its gain over round 0 is RL's gain over the bootstrap
     assert "after the format bootstrap" in (folder / "report.md").read_text()
 
 

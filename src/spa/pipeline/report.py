@@ -254,9 +254,9 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
     runs = [load_run(f) for f in folders]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = ["| run | method | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
+    rows = ["| run | method | learner | env | mode | base Pass@1 | base Pass@8 | before RL Pass@1 | before RL Pass@8 "
             "| final Pass@1 | final Pass@8 | RL gain Pass@1 (paired) | final best first action | wall time (min) |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     hours, unfinished = 0.0, 0  # the wall-time column's sum, read once per run
     for run in runs:
         recipe = _recipe_summary(run["config"])
@@ -271,7 +271,8 @@ def compare(folders: list[str | Path], out: str | Path, resamples: int = 10_000)
         done = "report" in run["stages"]
         hours += seconds / 3600
         unfinished += not done
-        rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe.get('env', '?')} | {mode or '-'} | "
+        rows.append(f"| {run['name']} | {recipe.get('method', '?')} | {recipe['learner']} | {recipe.get('env', '?')} | "
+                    f"{mode or '-'} | "
                     + " | ".join(cells) + f" | {seconds / 60:.0f}{'' if done else ' (unfinished)'} |")
     # What a table of runs costs is a question users ask before reproducing it; the sum is
     # of each run's own clock, on whatever machine and beside whatever else it ran.
@@ -359,4 +360,25 @@ def _recipe_summary(config_text: str) -> dict:
     import yaml
 
     data = yaml.safe_load(config_text) or {}
-    return {"method": data.get("method"), "env": (data.get("env") or {}).get("name")}
+    return {"method": data.get("method"), "env": (data.get("env") or {}).get("name"), "learner": learner_name(data)}
+
+
+#: What each expert-iteration filter makes of the rounds: imitation of a solver, the
+#: reward's own Monte-Carlo values, or the episode's outcome.
+ROUND_LEARNERS = {"best": "solver-label rounds", "best_prefix": "solver-label rounds",
+                  "best_grounded": "solver-label rounds", "value": "Monte-Carlo-value rounds",
+                  "winners": "winner rounds"}
+
+
+def learner_name(recipe: dict) -> str:
+    """The learner a resolved recipe trains with, as the tables name it: the rounds of
+    ``rl: iterate`` by their label, else the RL stage's algorithm (and its per-turn
+    Monte-Carlo advantages), or RWML for the method that ends with it."""
+    if recipe.get("method") == "rwml":
+        return "RWML (no RL stage)"
+    if recipe.get("rl") == "iterate":
+        keep = (recipe.get("iterate") or {}).get("keep")
+        return ROUND_LEARNERS.get(keep, f"rounds (keep: {keep})")
+    ppo = recipe.get("ppo") or {}
+    name = {"ppo": "PPO", "grpo": "GRPO"}.get(ppo.get("algorithm"), str(ppo.get("algorithm")))
+    return name + (", Monte-Carlo advantages" if ppo.get("advantage") == "mc" else "")
