@@ -99,7 +99,7 @@ def rollout(
         for i, msgs, ids, gen in zip(active, messages, prompt_ids, generations):
             budget = max_actions - trajectories[i].num_actions
             shown = state_block(envs[i], prompt_cfg.mode)
-            turn, done = _play_turn(envs[i], msgs, ids, gen, prompt_cfg, budget, config.format_penalty,
+            turn, done = play_turn(envs[i], msgs, ids, gen, prompt_cfg, budget, config.format_penalty,
                                     config.solver_labels)
             played.append((i, turn))
             if record(i, shown, turn, done):
@@ -143,7 +143,7 @@ def play_on(engine: Engine, tokenizer, starts: list[Start], config: RolloutConfi
         for i, msgs, gen in zip(active, messages, generations):
             env = starts[i].env
             shown = state_block(env, prompt_cfg.mode)
-            turn, done = _play_turn(env, msgs, [], gen, prompt_cfg, max_actions - used[i], config.format_penalty,
+            turn, done = play_turn(env, msgs, [], gen, prompt_cfg, max_actions - used[i], config.format_penalty,
                                     solver_labels=False)
             returns[i] += turn.reward
             used[i] += len(turn.actions_valid)
@@ -173,7 +173,7 @@ def _replay(env, saved: dict, source) -> tuple[Turn, bool]:
     return turn, done
 
 
-def _play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget: int,
+def play_turn(env, messages, prompt_ids, generation, cfg: PromptConfig, budget: int,
                format_penalty: float, solver_labels: bool = True) -> tuple[Turn, bool]:
     """Apply one response's actions to ``env``; returns the turn and whether the episode ended.
     ``solver_labels``: label the turn with the environment's solver (``best_first``)."""

@@ -36,7 +36,7 @@ import numpy as np
 
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import build_messages, state_block
-from spa.agent.rollout import RolloutConfig, _play_turn
+from spa.agent.rollout import RolloutConfig, play_turn
 from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import eval_seeds
 from spa.envs import TextEnv, make
@@ -164,7 +164,7 @@ def play(policy: str, seeds: list[int], samples: int, config: RolloutConfig,
                 messages, shown = build_messages(env, cfg, history), state_block(env, cfg.mode)
                 actions, sim = plan_turn(env, act, min(cfg.max_actions_per_turn, budget))
                 text = _response(policy, actions, shown, state_block(sim, cfg.mode), cfg.world_model)
-                turn, done = _play_turn(env, messages, [], Generation([], text, [], "stop"), cfg,
+                turn, done = play_turn(env, messages, [], Generation([], text, [], "stop"), cfg,
                                         budget, config.format_penalty)
                 if env.state_text() != sim.state_text():
                     raise RuntimeError(f"{config.env} seed {level}: replaying the planned turn "
