@@ -1,19 +1,21 @@
 """Per-turn labels from Monte-Carlo look-ahead on copies of the environment (no solver).
 
 :func:`label_turns` replays each episode and marks the turns whose first action has the
-highest value under random continuation (:func:`spa.envs.lookahead.action_values`).
+highest value under random continuation (:func:`spa.envs.lookahead.action_values`);
+:func:`replay` gives an episode's states again, which the per-turn Monte-Carlo advantages
+(:mod:`spa.rl.montecarlo`) also read.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from spa.agent.rollout import Trajectory
-from spa.envs import make
+from spa.envs import TextEnv, make
 from spa.envs.lookahead import action_values, best_by_value
 
 
@@ -32,10 +34,9 @@ def label_turns(trajectories: Iterable[Trajectory], rollouts: int, horizon: int,
     """
     best_at: dict[tuple, frozenset[str]] = {}
     for trajectory in trajectories:
-        env = make(trajectory.env, **trajectory.env_config)
-        env.reset(seed=trajectory.seed)
         level = (trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed)
-        for index, turn in enumerate(trajectory.turns):
+        for index, env in replay(trajectory):
+            turn = trajectory.turns[index]
             first = env.canonical_action(turn.actions[0]) if turn.actions else None
             if first is not None:
                 state = env.render()
@@ -45,8 +46,19 @@ def label_turns(trajectories: Iterable[Trajectory], rollouts: int, horizon: int,
                 turn.value_first = first in best_at[level, state]
             else:
                 turn.value_first = False
-            for action in turn.actions:
-                env.step(action)
-            if env.render() != turn.grid_after:
-                raise RuntimeError(f"replaying {trajectory.env} level {trajectory.seed} (sample {trajectory.sample}) "
-                                   f"did not reach turn {index}'s recorded state")
+
+
+def replay(trajectory: Trajectory) -> Iterator[tuple[int, TextEnv]]:
+    """Yield ``(t, env)`` with ``env`` in the state before turn t, replaying the episode
+    from its level seed with the actions it played (an environment's randomness comes from
+    its seeded generator, so the states are exactly the episode's). Raises when a replay
+    leaves the recorded grid. The caller must not change ``env``; fork it."""
+    env = make(trajectory.env, **trajectory.env_config)
+    env.reset(seed=trajectory.seed)
+    for t, turn in enumerate(trajectory.turns):
+        yield t, env
+        for action in turn.actions:
+            env.step(action)
+        if env.render() != turn.grid_after:
+            raise RuntimeError(f"replaying {trajectory.env} level {trajectory.seed} (sample {trajectory.sample}) "
+                               f"did not reach turn {t}'s recorded state")

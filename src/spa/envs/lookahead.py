@@ -37,20 +37,7 @@ def action_values(env: TextEnv, rollouts: int, horizon: int, rng: np.random.Gene
     actions = env.legal_actions()
     if actions is None:
         raise ValueError(f"{env.name} does not list its actions (legal_actions), so no action values")
-    values = {}
-    for action in actions:
-        total = 0.0
-        for _ in range(rollouts):
-            twin = env.fork(rng)
-            reward, ended = twin.simulate(action)
-            for _ in range(horizon - 1):
-                if ended:
-                    break
-                step_reward, ended = twin.simulate(twin.random_action(rng))
-                reward += step_reward
-            total += reward
-        values[action] = total / rollouts
-    return values
+    return {action: continuation_return(env, [action], rollouts, horizon - 1, rng) for action in actions}
 
 
 def best_by_value(values: dict[str, float], tolerance: float = 0.0) -> frozenset[str]:

@@ -41,9 +41,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from spa.agent.labels import replay
 from spa.agent.prompts import state_block
 from spa.agent.rollout import RolloutConfig, Start, Trajectory, play_on
-from spa.envs import make
 from spa.envs.lookahead import continuation_return
 from spa.models.engine import SamplingParams
 
@@ -65,22 +65,6 @@ def action_budgets(trajectory: Trajectory, config: RolloutConfig) -> list[tuple[
         used += len(turn.actions)
         budgets.append((max(before, 0), max(max_actions - used, 0)))
     return budgets
-
-
-def replay(trajectory: Trajectory):
-    """Yield ``(t, env)`` with ``env`` in the state before turn t, replaying the episode
-    from its level seed with the actions it played (an environment's randomness comes from
-    its seeded generator, so the states are exactly the episode's). Raises when a replay
-    leaves the recorded grid. The caller must not change ``env``; fork it."""
-    env = make(trajectory.env, **trajectory.env_config)
-    env.reset(seed=trajectory.seed)
-    for t, turn in enumerate(trajectory.turns):
-        yield t, env
-        for action in turn.actions:
-            env.step(action)
-        if env.render() != turn.grid_after:
-            raise RuntimeError(f"replaying {trajectory.env} level {trajectory.seed} (sample {trajectory.sample}) "
-                               f"did not reach turn {t}'s recorded state")
 
 
 def random_advantages(trajectories: list[Trajectory], config: RolloutConfig, rollouts: int,
