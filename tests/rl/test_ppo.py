@@ -12,10 +12,11 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn
 from spa.models.engine import Engine, SamplingParams
 from spa.rl import core
-from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
-                          pad_responses, place_rewards, policy_forward, state_spans, state_token_mask, turn_samples)
+from spa.rl.batch import (Sample, collate, loss_masks, pad_responses, policy_forward, state_spans, state_token_mask,
+                          turn_samples)
 from spa.rl.critic import Critic
-from spa.rl.advantages import compute_advantages, whiten_advantages
+from spa.rl.advantages import (balance_episodes, compute_advantages, critic_advantages, grpo_advantages,
+                               place_rewards, whiten_advantages)
 from spa.rl.minibatches import group_spread, local_table, top_groups
 from spa.rl.config import PPOConfig
 from spa.rl.ppo import resume_point, train, update_actor
@@ -84,10 +85,10 @@ def test_gae_over_an_episode_chains_its_turns():
     assert samples[1].advantages.tolist() == pytest.approx([0.5] * 3)
 
 
-def test_group_advantages_give_each_episode_one_score():
+def test_grpo_advantages_give_each_episode_one_score():
     trajectories = [episode(0, [1.0]), episode(0, [0.0], 1), episode(1, [2.0]), episode(1, [2.0], 1)]
     samples = turn_samples(trajectories)
-    group_advantages(samples, trajectories, normalize_std=False)
+    grpo_advantages(samples, trajectories, normalize_std=False)
     assert [s.advantages[0].item() for s in samples] == pytest.approx([0.5, -0.5, 0.0, 0.0])
     assert all(len(set(s.advantages.tolist())) == 1 for s in samples)
 
@@ -109,7 +110,7 @@ def test_balanced_episodes_weigh_alike_and_zero_a_groups_mass():
     # the loss mask decides the counts: tokens outside it do not lengthen an episode
     samples = turn_samples(trajectories)
     samples[1].loss_mask = torch.tensor([True, False])
-    group_advantages(samples, trajectories, normalize_std=False)
+    grpo_advantages(samples, trajectories, normalize_std=False)
     balance_episodes(samples)
     assert samples[0].advantages[0].item() == pytest.approx(0.5 * 5 / 2)
     assert samples[1].advantages[0].item() == pytest.approx(-0.5 * 5 / 8)

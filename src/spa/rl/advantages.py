@@ -1,28 +1,35 @@
 """The step's advantages, from the sampled turns to what the policy loss reads.
 
-Per-episode estimates come from :mod:`spa.rl.batch` (GAE with a critic, group-normalised
-scores for GRPO); this module adds what needs the whole step: episode balancing, whitening
-over every process's policy-loss tokens, the action centring and the weight of negative
-advantages, in that order. Each function here that says so must be called by every
-process, with or without samples, because it reduces over all of them.
+Every estimator lives here, on top of the pure tensor math of :mod:`spa.rl.core`:
+
+* ``gae`` / ``turn_gae`` (PPO, with a critic): the response tokens of an episode's turns,
+  in order, form one chain (:func:`critic_advantages`), so with gamma = lambda = 1 and the
+  episode reward on the last token of the last turn every token of the episode sees that
+  reward (the paper's setting);
+* ``grpo`` / ``grpo_no_std``: every token of an episode gets the episode's
+  group-normalised score (:func:`grpo_advantages`);
+* ``mc``: every token of a turn gets the turn's Monte-Carlo advantage
+  (:mod:`spa.rl.montecarlo`), centred and scaled over the step.
+
+Then what needs the whole step: episode balancing, whitening over every process's
+policy-loss tokens, the action centring and the weight of negative advantages, in that
+order. Each function here that says so must be called by every process, with or without
+samples, because it reduces over all of them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import Tensor
 
 from spa import distributed
 from spa.agent.rollout import Trajectory, Turn
 from spa.models.device import on_device
 from spa.rl import core
-from spa.rl.batch import (Sample, balance_episodes, collate, critic_advantages, group_advantages, loss_masks,
-                          pad_responses)
+from spa.rl.batch import Sample, collate, loss_masks, pad_responses
+from spa.rl.config import REWARD_PLACEMENTS, PPOConfig
 from spa.rl.critic import Critic
 
-if TYPE_CHECKING:
-    from spa.rl.config import PPOConfig
 
 
 def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Critic | None, config: PPOConfig,
@@ -54,7 +61,7 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
                 "advantages/mc_positive": sum(a > 0 for a in raw) / max(len(raw), 1)}
     if critic is None:
         if samples:
-            group_advantages(samples, kept, normalize_std=config.advantage == "grpo")
+            grpo_advantages(samples, kept, normalize_std=config.advantage == "grpo")
         if config.balance_episodes:
             _balance(samples)
         _finish(samples, kept, config)
@@ -146,3 +153,75 @@ def whiten_advantages(samples: list[Sample], eps: float = 1e-8) -> None:
     for s in samples:
         s.advantages = core.whiten_with(s.advantages, torch.ones_like(s.advantages, dtype=torch.bool), mean, var,
                                         eps=eps)
+
+
+def place_rewards(trajectory: Trajectory, lengths: list[int], placement: str) -> Tensor:
+    """Token rewards of one episode's response chain (sum of the turns' lengths).
+
+    ``episode``: the episode's total reward (format penalties included) on its last
+    token, the paper's setting. ``turn``: each turn's reward on that turn's last token.
+    """
+    if placement not in REWARD_PLACEMENTS:
+        raise ValueError(f"reward placement {placement!r} is not known; valid: {', '.join(REWARD_PLACEMENTS)}")
+    rewards = torch.zeros(sum(lengths))
+    ends = torch.tensor(lengths).cumsum(0) - 1
+    if placement == "episode":
+        rewards[ends[-1]] = trajectory.total_reward
+    else:
+        rewards[ends] = torch.tensor([trajectory.turns[k].reward for k in range(len(lengths))])
+    return rewards
+
+
+def critic_advantages(samples: list[Sample], trajectories: list[Trajectory], estimator: str,
+                      placement: str, gamma: float, lam: float) -> None:
+    """Fill ``advantages`` and ``returns`` of every sample from its ``old_values`` (PPO).
+
+    The turns of an episode are chained in order (see the module docstring) and the
+    estimator (``gae`` or ``turn_gae``) runs over all episodes at once as (E, T) rows.
+    """
+    by_episode: dict[int, list[Sample]] = {}
+    for s in samples:
+        by_episode.setdefault(s.episode, []).append(s)
+    episodes = list(by_episode.values())
+    rows = [torch.cat([s.old_values for s in ep]) for ep in episodes]
+    values, mask = pad_responses(rows)
+    rewards, _ = pad_responses([place_rewards(trajectories[ep[0].episode], [s.response_length for s in ep],
+                                              placement) for ep in episodes])
+    turn_ids, _ = pad_responses([torch.cat([torch.full((s.response_length,), float(s.turn)) for s in ep])
+                                 for ep in episodes])
+    if estimator == "gae":
+        adv, ret = core.gae(rewards, values, mask, gamma, lam)
+    elif estimator == "turn_gae":
+        adv, ret = core.turn_gae(rewards, values, mask, turn_ids.long(), gamma, lam)
+    else:
+        raise ValueError(f"critic advantage estimator {estimator!r} is not known; valid: gae, turn_gae")
+    for row, ep in enumerate(episodes):
+        offset = 0
+        for s in ep:
+            s.advantages = adv[row, offset: offset + s.response_length].clone()
+            s.returns = ret[row, offset: offset + s.response_length].clone()
+            offset += s.response_length
+
+
+def balance_episodes(samples: list[Sample], mean_tokens: float | None = None) -> None:
+    """Scale the samples' advantages so that every episode weighs the same in a token-mean
+    loss (:func:`spa.rl.core.episode_balance`), in place. An episode is the samples
+    sharing ``episode``; ``mean_tokens`` is the mean policy-loss tokens per episode (by
+    default over these samples' episodes)."""
+    episodes = sorted({s.episode for s in samples})
+    tokens = {e: 0 for e in episodes}
+    for s in samples:
+        tokens[s.episode] += s.loss_tokens
+    scales = core.episode_balance(torch.tensor([tokens[e] for e in episodes]), mean_tokens)
+    scale = dict(zip(episodes, scales.tolist()))
+    for s in samples:
+        s.advantages = s.advantages * scale[s.episode]
+
+
+def grpo_advantages(samples: list[Sample], trajectories: list[Trajectory], normalize_std: bool) -> None:
+    """Fill ``advantages`` with the episode's GRPO score, the same on all its tokens."""
+    scores = torch.tensor([t.total_reward for t in trajectories], dtype=torch.float32)
+    groups = torch.tensor([t.group for t in trajectories])
+    per_episode = core.group_advantages(scores, groups, normalize_std)
+    for s in samples:
+        s.advantages = torch.full((s.response_length,), float(per_episode[s.episode]))

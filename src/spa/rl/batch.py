@@ -1,21 +1,16 @@
-"""From rollouts to training tensors: one sequence per assistant turn, advantages per episode.
+"""From rollouts to training tensors: one sequence per assistant turn, and its loss mask.
 
 Each assistant turn is trained as its own sequence, ``prompt + response``, exactly the
 context the model sampled from (with ``history_turns=0`` the prompt of turn k does not
 contain turn k-1). Only the response tokens are policy tokens: the prompt and the
 environment's text never get loss.
 
-Advantages are computed per *episode*: the response tokens of its turns, in order, form
-one chain, so with gamma = lambda = 1 and the episode reward on the last token of the last
-turn, every token of the episode sees that reward (the paper's setting). GRPO instead gives
-every token of an episode the episode's group-normalised score.
-
 In world-model mode most of a response is state text: a FrozenLake turn averages about
 126 tokens, 95 of them inside ``<observation>`` and ``<prediction>``, and about 3 of them
 actions. Under a token-mean loss those tokens would carry the action's advantage and
 swamp its gradient, so ``turn_samples`` can leave them out of the policy loss
 (:func:`state_token_mask`; ``PPOConfig.state_tokens_in_loss``). The critic still values
-every response token: the GAE chain is unchanged.
+every response token. The advantages that fill a Sample come from :mod:`spa.rl.advantages`.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ from spa.agent.rollout import Trajectory
 from spa.models.shared_prefix import hidden_states
 from spa.rl import core
 
-REWARD_PLACEMENTS = ("episode", "turn")
 STATE_TAGS = ("observation", "prediction")
 
 
@@ -242,75 +236,3 @@ def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entro
     logprobs, mask = _unflatten(logprobs, lengths)
     ent = _unflatten(core.entropy_from_logits(logits), lengths)[0] if entropy else None
     return logprobs, ent, mask
-
-
-def place_rewards(trajectory: Trajectory, lengths: list[int], placement: str) -> Tensor:
-    """Token rewards of one episode's response chain (sum of the turns' lengths).
-
-    ``episode``: the episode's total reward (format penalties included) on its last
-    token, the paper's setting. ``turn``: each turn's reward on that turn's last token.
-    """
-    if placement not in REWARD_PLACEMENTS:
-        raise ValueError(f"reward placement {placement!r} is not known; valid: {', '.join(REWARD_PLACEMENTS)}")
-    rewards = torch.zeros(sum(lengths))
-    ends = torch.tensor(lengths).cumsum(0) - 1
-    if placement == "episode":
-        rewards[ends[-1]] = trajectory.total_reward
-    else:
-        rewards[ends] = torch.tensor([trajectory.turns[k].reward for k in range(len(lengths))])
-    return rewards
-
-
-def critic_advantages(samples: list[Sample], trajectories: list[Trajectory], estimator: str,
-                      placement: str, gamma: float, lam: float) -> None:
-    """Fill ``advantages`` and ``returns`` of every sample from its ``old_values`` (PPO).
-
-    The turns of an episode are chained in order (see the module docstring) and the
-    estimator (``gae`` or ``turn_gae``) runs over all episodes at once as (E, T) rows.
-    """
-    by_episode: dict[int, list[Sample]] = {}
-    for s in samples:
-        by_episode.setdefault(s.episode, []).append(s)
-    episodes = list(by_episode.values())
-    rows = [torch.cat([s.old_values for s in ep]) for ep in episodes]
-    values, mask = pad_responses(rows)
-    rewards, _ = pad_responses([place_rewards(trajectories[ep[0].episode], [s.response_length for s in ep],
-                                              placement) for ep in episodes])
-    turn_ids, _ = pad_responses([torch.cat([torch.full((s.response_length,), float(s.turn)) for s in ep])
-                                 for ep in episodes])
-    if estimator == "gae":
-        adv, ret = core.gae(rewards, values, mask, gamma, lam)
-    elif estimator == "turn_gae":
-        adv, ret = core.turn_gae(rewards, values, mask, turn_ids.long(), gamma, lam)
-    else:
-        raise ValueError(f"critic advantage estimator {estimator!r} is not known; valid: gae, turn_gae")
-    for row, ep in enumerate(episodes):
-        offset = 0
-        for s in ep:
-            s.advantages = adv[row, offset: offset + s.response_length].clone()
-            s.returns = ret[row, offset: offset + s.response_length].clone()
-            offset += s.response_length
-
-
-def balance_episodes(samples: list[Sample], mean_tokens: float | None = None) -> None:
-    """Scale the samples' advantages so that every episode weighs the same in a token-mean
-    loss (:func:`spa.rl.core.episode_balance`), in place. An episode is the samples
-    sharing ``episode``; ``mean_tokens`` is the mean policy-loss tokens per episode (by
-    default over these samples' episodes)."""
-    episodes = sorted({s.episode for s in samples})
-    tokens = {e: 0 for e in episodes}
-    for s in samples:
-        tokens[s.episode] += s.loss_tokens
-    scales = core.episode_balance(torch.tensor([tokens[e] for e in episodes]), mean_tokens)
-    scale = dict(zip(episodes, scales.tolist()))
-    for s in samples:
-        s.advantages = s.advantages * scale[s.episode]
-
-
-def group_advantages(samples: list[Sample], trajectories: list[Trajectory], normalize_std: bool) -> None:
-    """Fill ``advantages`` with the episode's GRPO score, the same on all its tokens."""
-    scores = torch.tensor([t.total_reward for t in trajectories], dtype=torch.float32)
-    groups = torch.tensor([t.group for t in trajectories])
-    per_episode = core.group_advantages(scores, groups, normalize_std)
-    for s in samples:
-        s.advantages = torch.full((s.response_length,), float(per_episode[s.episode]))

@@ -8,13 +8,14 @@ from typing import ClassVar
 
 from spa import precision as precision_
 from spa.rl import core
-from spa.rl.batch import REWARD_PLACEMENTS
 
 ALGORITHMS = ("ppo", "grpo")
 #: Advantage estimators by algorithm, the first the default. ``mc``: per-turn Monte-Carlo
 #: advantages from copies of the environment (:mod:`spa.rl.montecarlo`), with either loss.
 ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc"), "grpo": ("grpo", "grpo_no_std", "mc")}
 CONTINUATIONS = ("random", "policy")
+#: Where the reward sits on the response tokens (:func:`spa.rl.advantages.place_rewards`).
+REWARD_PLACEMENTS = ("episode", "turn")
 
 
 @dataclass
