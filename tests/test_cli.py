@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from spa.cli import app
@@ -422,13 +423,88 @@ def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(m
     monkeypatch.setattr(precision, "_announced", set())
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     result = runner.invoke(app, ["demo", "--model", "tiny", "--env", "frozenlake", "--episodes", "1", "--turns",
-                                 "1", "--max-new-tokens", "4", "--no-train"])
+                                 "1", "--max-new-tokens", "4", "--no-train", "--device", "cpu"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("compute: fp32 (this CPU") == 1
+    assert result.output.count("compute: fp32 on cpu (this CPU") == 1
     result = runner.invoke(app, ["demo", "--model", "tiny", "--precision", "int8"], terminal_width=200)
     assert result.exit_code == 2 and "precision 'int8' is not known" in flat(result.output)
     result = runner.invoke(app, ["demo", "--model", "tiny", "--dtype", "int8"], terminal_width=200)  # the old name
     assert result.exit_code == 2 and "--dtype is now --precision: use spa demo --precision int8" in flat(result.output)
+
+
+#: Every command that loads a model, with the least it needs to get as far as loading one.
+LOADING = {"eval": ["-e", "frozenlake"], "ppl": ["-e", "sudoku"], "demo": [],
+           "selfplay": ["-e", "frozenlake", "--out", "{tmp}/data.jsonl"], "sft": ["--data", "{data}", "--out", "{tmp}/c"],
+           "rl": ["-e", "frozenlake", "--out", "{tmp}/r"], "iterate": ["-e", "frozenlake", "--out", "{tmp}/i"],
+           "rwml": ["-e", "frozenlake", "--out", "{tmp}/w"]}
+#: The commands that train: fp32 master weights, the decided precision under autocast.
+TRAINING = {"sft", "rl", "iterate", "rwml"}
+
+
+class Loaded(Exception):
+    """Raised by a load_model stand-in: the command got as far as loading its model."""
+
+
+def loading_args(command: str, tmp_path) -> list[str]:
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    return [command, "-m", "tiny"] + [a.format(tmp=tmp_path, data=data) for a in LOADING[command]]
+
+
+def test_every_command_that_loads_a_model_takes_device_as_it_takes_precision():
+    commands = _commands()
+    takes_precision = {name for name, command in commands.items() if any(p.name == "precision_name"
+                                                                           for p in command.params)}
+    assert takes_precision == set(LOADING) | {"ppo"}  # spa ppo: the old name of spa rl
+    for name in takes_precision:
+        device = next(p for p in commands[name].params if p.name == "device")
+        assert (device.opts, device.default) == (["--device"], "auto"), name
+
+
+@pytest.mark.parametrize("command", sorted(LOADING))
+def test_a_bad_device_is_a_usage_error_naming_it_and_what_is_allowed(command, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    result = runner.invoke(app, loading_args(command, tmp_path) + ["--device", "gpu"], terminal_width=200)
+    assert result.exit_code == 2
+    assert "device 'gpu' is not known; valid: auto, cpu, cuda, cuda:N" in flat(result.output)
+    result = runner.invoke(app, loading_args(command, tmp_path) + ["--device", "cuda"], terminal_width=200)
+    assert result.exit_code == 2
+    assert "device 'cuda' was asked for, but torch sees no CUDA GPU here" in flat(result.output)
+
+
+def test_a_bad_device_fails_even_where_no_model_loads():
+    result = runner.invoke(app, ["eval", "-e", "frozenlake", "--policy", "random", "--device", "cuda:one"],
+                           terminal_width=200)
+    assert result.exit_code == 2 and "device 'cuda:one' is not known" in flat(result.output)
+
+
+@pytest.mark.parametrize("command", sorted(LOADING))
+@pytest.mark.parametrize("launched", [False, True])
+def test_the_model_loads_on_the_device_made_current_before_it(command, launched, tmp_path, monkeypatch):
+    """``--device cuda:1``, or ``auto`` under a launcher as process 1: torch.cuda.set_device(cuda:1)
+    comes first, then the model loads there (GPUs mocked; the load stops the command)."""
+    from spa import precision
+
+    claimed, loads = [], []
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.set_device", claimed.append)
+    monkeypatch.setattr(precision, "cuda_has_bf16", lambda device: True)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "")
+
+    def load_model(name, dtype="auto", device="auto"):
+        loads.append((list(claimed), device, dtype))
+        raise Loaded
+
+    monkeypatch.setattr("spa.models.load_model", load_model)
+    if launched:
+        monkeypatch.setenv("LOCAL_RANK", "1")
+    else:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    result = runner.invoke(app, loading_args(command, tmp_path) + ["--device", "auto" if launched else "cuda:1"])
+    assert isinstance(result.exception, Loaded), result.output
+    gpu = torch.device("cuda", 1)
+    assert loads == [([gpu], gpu, "fp32" if command in TRAINING else torch.bfloat16)]
 
 
 # -- help at 80 columns --------------------------------------------------------------

@@ -15,8 +15,8 @@ ROOT = Path(spa.__file__).parent
 #: Bottom to top; a module may import from its own layer and the layers below it. A
 #: module belongs to the layer of the longest name here that it starts with.
 LAYERS = [
-    ["spa", "spa.io", "spa.progress", "spa.precision", "spa.heap", "spa.distributed", "spa.interrupt",
-     "spa.config"],  # utilities with no knowledge of games, models or training
+    ["spa", "spa.io", "spa.progress", "spa.precision", "spa.compute", "spa.heap", "spa.distributed",
+     "spa.interrupt", "spa.config"],  # utilities with no knowledge of games, models or training
     ["spa.envs"],
     ["spa.models"],
     ["spa.agent"],  # prompts, parsing, rollouts: envs and the engine put together

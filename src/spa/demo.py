@@ -31,6 +31,7 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
 from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import EVAL_SEED_OFFSET
+from spa.compute import Compute, decide
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.loading import spa_home
 from spa.progress import Bar
@@ -100,8 +101,10 @@ def cache_dir(model: str, config: DemoConfig) -> Path:
     return spa_home() / "demo" / f"{name}-{config.env}-{digest}"
 
 
-def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = print) -> Path:
-    """The format-bootstrapped checkpoint of ``model``: from the cache, else trained now."""
+def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = print,
+                 compute: Compute | None = None) -> Path:
+    """The format-bootstrapped checkpoint of ``model``: from the cache, else trained now on
+    ``compute``'s device and in its precision (None: decided here from ``config.precision``)."""
     from spa.models import load_model
     from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
     from spa.worldmodel.sft import last_checkpoint, train
@@ -111,13 +114,14 @@ def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = pr
         log(f"format bootstrap: cached in {folder}, no training")
         return folder / "model"
     start = time.perf_counter()
+    compute = compute or decide("auto", config.precision)
     data = SelfPlayConfig(env=config.env, env_config=dict(config.options), episodes=config.bootstrap_episodes,
                           samples=1, max_turns=config.turns, max_actions_per_turn=config.max_actions,
                           exploration="random", mode="world_model")
     examples, stats = build_examples(collect(None, None, data), data)
     log(f"format bootstrap: {len(examples)} world-model turns with the true states from "
         f"{config.bootstrap_episodes} random-exploration episodes; one epoch of SFT")
-    lm, tokenizer = load_model(model, dtype="fp32")  # fp32 master weights; config.sft does the compute
+    lm, tokenizer = load_model(model, dtype="fp32", device=compute.device)  # fp32 master weights; autocast computes
     with atomic_dir(folder) as tmp:
         history = train(lm, tokenizer, examples, config.sft, tmp / "sft")
         checkpoint = last_checkpoint(tmp / "sft")

@@ -41,7 +41,9 @@ def state() -> PartialState:
     """accelerate's process state, created on first use (it initialises the process group).
 
     ``cpu`` is forced when CUDA is absent: accelerate otherwise treats a launched CPU
-    process as a lone one (its gloo path needs the flag) and each would train alone.
+    process as a lone one (its gloo path needs the flag) and each would train alone. It
+    is also set where ``ACCELERATE_USE_CPU`` says so, as ``--device cpu`` under a launcher
+    does (:func:`spa.compute.claim`), so that the processes stay on the CPU beside a GPU.
     """
     cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return PartialState(cpu=cpu)

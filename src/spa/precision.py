@@ -11,8 +11,8 @@ Zen 4) torch emulates it and the same matmul runs about 100x *slower* than fp32
   ``ATEN_CPU_CAPABILITY=avx2`` behaves as an AVX2 machine), else fp32.
 
 An explicit ``bf16`` / ``fp16`` / ``fp32`` is obeyed; a low precision this CPU only
-emulates gets a one-line warning. Every command that loads a model reports the choice
-once (:func:`announce`).
+emulates gets a one-line warning. A command decides the precision once, with its device,
+where it starts (:func:`spa.compute.decide`), and reports the choice once (:func:`announce`).
 """
 
 from __future__ import annotations
@@ -105,10 +105,10 @@ def resolve(name: str = "auto", device: torch.device | str = "cpu") -> Precision
     return Precision(name, "asked for", warning)
 
 
-def announce(precision: Precision, file=None) -> None:
+def announce(precision: Precision, file=None, where: str = "") -> None:
     """Print ``compute: fp32 (this CPU ... has no native bf16)`` once per process, and
-    the warning of a slow explicit choice."""
-    line = f"compute: {precision.name} ({precision.reason})"
+    the warning of a slow explicit choice; ``where`` goes after the name (`` on cpu``)."""
+    line = f"compute: {precision.name}{where} ({precision.reason})"
     if line in _announced:
         return
     _announced.add(line)
@@ -127,8 +127,11 @@ def decide(name: str = "auto", device: torch.device | str = "cpu") -> Precision:
 
 
 def for_model(name: str, model: torch.nn.Module) -> Precision:
-    """:func:`decide` on the device of ``model``'s parameters."""
-    return decide(name, next(model.parameters()).device)
+    """:func:`resolve` on the device of ``model``'s parameters, announced with the device."""
+    device = next(model.parameters()).device
+    chosen = resolve(name, device)
+    announce(chosen, where=f" on {device}")
+    return chosen
 
 
 FIELD_HELP = ("Compute precision: auto (bf16 where the hardware computes it natively: a GPU with bf16, a CPU "

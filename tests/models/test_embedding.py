@@ -76,3 +76,16 @@ def test_embedding_reward_with_the_real_model(embedder):
                    for s in (state, state.replace("(1,4)", "(1, 4)").lower(), other)] + ["no tags"]
     rewards = prediction_embedding_reward(completions, targets=[state] * 4, embedder=embedder)
     assert rewards == [1.0, 1.0, 0.0, 0.0]  # spacing and case are not content to MiniLM
+
+
+def test_the_embedder_loads_on_the_device_it_is_given(embedder, monkeypatch):
+    # "meta" stands in for a GPU named by the RWML stage's decided device.
+    assert embedder.device == torch.device("cpu")  # auto, on this machine
+    real = embedding.resolve_device
+    monkeypatch.setattr(embedding, "resolve_device",
+                        lambda device: torch.device("meta") if str(device) == "cuda:1" else real(device))
+    placed = SentenceEmbedder(device=torch.device("cuda", 1), batch_size=8)
+    assert placed.device == torch.device("meta")
+    assert {p.device.type for p in placed.model.parameters()} == {"meta"}
+    with pytest.raises(ValueError, match="device 'gpu' is not known"):
+        SentenceEmbedder(device="gpu")

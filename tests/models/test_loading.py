@@ -142,8 +142,8 @@ def test_loading_and_saving_draw_no_progress_bar_into_a_log(tmp_path, capfd):
 
 
 def test_a_model_goes_to_the_gpu_where_there_is_one_unless_told_otherwise(monkeypatch):
-    # "meta" stands in for a GPU: on a GPU machine every stage of `spa run` (which loads
-    # without naming a device) must train and play there, not on the CPU.
+    # "meta" stands in for a GPU: on a GPU machine a caller that names no device must
+    # train and play there, not on the CPU.
     real = loading.resolve_device
     monkeypatch.setattr(loading, "resolve_device",
                         lambda device: torch.device("meta") if device in (None, "auto") else real(device))

@@ -393,17 +393,70 @@ def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):
     assert list(stages["eval_final"]["outputs"]) == ["world_model"]
 
 
-def test_rwml_then_ppo_runs_every_stage(preset, tmp_path):
+def where_it_computes(monkeypatch) -> dict:
+    """Spies on a run: the device of every model load and of the RWML embedder."""
+    import spa.pipeline.run as run_module
+    from spa.rl import rwml_train
+
+    seen = {"loads": [], "embedders": []}
+
+    def spy(record: str, real, key: str):
+        def wrapper(*args, **kwargs):
+            seen[record].append(kwargs.get(key, "not given"))
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(run_module, "load_model", spy("loads", run_module.load_model, "device"))
+    monkeypatch.setattr(rwml_train, "SentenceEmbedder", spy("embedders", rwml_train.SentenceEmbedder, "device"))
+    return seen
+
+
+def assert_on_the_run_device(seen: dict) -> None:
+    """Every load and the embedder on the recipe's device (cpu here, given by name)."""
+    cpu = torch.device("cpu")
+    assert seen["loads"] and seen["loads"] == [cpu] * len(seen["loads"])
+    assert seen["embedders"] == [cpu]
+
+
+def test_rwml_then_ppo_runs_every_stage(preset, tmp_path, monkeypatch):
     folder = tmp_path / "rwml"
     overrides = ["rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false",
                  "rwml.steps=1", "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8",
-                 "rwml.eval_seeds=2", "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false"]
+                 "rwml.eval_seeds=2", "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false",
+                 "device=cpu"]
+    seen = where_it_computes(monkeypatch)
     Run(load_recipe(CONFIGS / "sokoban-rwml+ppo.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
     stages = json.loads((folder / "stages.json").read_text())
     assert list(stages) == ["bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"]
     report = (folder / "report.md").read_text()
     assert "RWML next-state prediction" in report and "copied" in report and "changed_exact" in report
+    assert_on_the_run_device(seen)
+
+
+def test_the_device_is_a_recipe_key_checked_when_the_recipe_loads(tmp_path):
+    assert load_recipe(CONFIGS / "sokoban-spa.yaml").device == "auto"
+    assert load_recipe(CONFIGS / "sokoban-spa.yaml", ["device=CUDA:1"]).device == "cuda:1"
+    with pytest.raises(ConfigError, match="device 'gpu' is not known; valid: auto, cpu, cuda, cuda:N"):
+        load_recipe(CONFIGS / "sokoban-spa.yaml", ["device=gpu"])
+    with pytest.raises(ConfigError, match="did you mean 'device'"):
+        load_recipe(CONFIGS / "sokoban-spa.yaml", ["devices=cpu"])
+    # where a run computes is not what it computes: a run goes on on another device
+    recipe = load_recipe(CONFIGS / "sokoban-spa.yaml", ["device=cpu"])
+    Run(recipe, tmp_path)
+    Run(load_recipe(CONFIGS / "sokoban-spa.yaml"), tmp_path)
+
+
+def test_run_refuses_a_device_this_machine_lacks_before_any_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "sokoban-spa.yaml"), "device=cuda:0",
+                                      "--runs-dir", str(tmp_path)], terminal_width=200)
+    assert result.exit_code == 2 and "device 'cuda:0' was asked for, but torch sees no CUDA GPU" in \
+        " ".join(result.output.replace("│", " ").split())
+    assert not list(tmp_path.iterdir())  # no run folder
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "sokoban-spa.yaml"), "device=gpu",
+                                      "--runs-dir", str(tmp_path)], terminal_width=200)
+    assert result.exit_code == 2 and "device 'gpu' is not known" in result.output
 
 
 def test_until_stops_after_a_stage_and_a_rerun_goes_on(preset, tmp_path):
@@ -593,7 +646,8 @@ def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(pr
     overrides = scripted_rounds(monkeypatch, rounds=1) + [
         "rwml.exploration=random", "rwml.episodes=4", "rwml.samples=2", "rwml.filter=false", "rwml.steps=1",
         "rwml.batch_size=2", "rwml.group_size=2", "rwml.max_new_tokens=8", "rwml.eval_seeds=2",
-        "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false"]
+        "rwml.reward=change", "rwml.precision=fp32", "rwml.tensorboard=false", "device=cpu"]
+    seen = where_it_computes(monkeypatch)
     folder = tmp_path / "rwml-iterate"
     Run(load_recipe(CONFIGS / "frozenlake-rwml-iterate.yaml", overrides, preset=str(preset)), folder,
         log=lambda _: None).run()
@@ -603,6 +657,7 @@ def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(pr
     assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
             == (folder / "eval" / "rwml-base" / "trajectories.jsonl").read_text())
     assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [WIN]
+    assert_on_the_run_device(seen)
 
 
 def test_vagen_with_expert_iteration_learns_only_the_states_it_got_right(preset, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 from typer.core import TyperCommand
 
-from spa import envs, interrupt, precision
+from spa import compute, envs, interrupt, precision
 
 
 def example(command: str) -> str:
@@ -122,33 +122,48 @@ def mode_option(default: str, why: str):
 
 
 BASE_MODE_WHY = "the plain think/answer prompt (raw grid) in which the recipes' RL trains"
+
+
+def _checked(check):
+    """A typer callback: ``check(value)``'s canonical name, its ValueError a usage error
+    (exit status 2) naming the value and what is allowed, before the command runs."""
+    def callback(value: str) -> str:
+        try:
+            return check(value)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+    return callback
+
+
 #: The stages that train: the configs' own help (fp32 master weights, autocast).
-PrecisionOption = typer.Option("auto", "--precision", help=precision.FIELD_HELP)
+PrecisionOption = typer.Option("auto", "--precision", callback=_checked(precision.check), help=precision.FIELD_HELP)
 #: The commands that only play or measure, which load the weights in the precision itself.
-PlayPrecisionOption = typer.Option("auto", "--precision", help=precision.FIELD_HELP.partition(" Weights stay")[0]
+PlayPrecisionOption = typer.Option("auto", "--precision", callback=_checked(precision.check),
+                                   help=precision.FIELD_HELP.partition(" Weights stay")[0]
                                    + " The weights are loaded in it.")
+#: Every command that loads a model.
+DeviceOption = typer.Option("auto", "--device", callback=_checked(compute.check_device), help=compute.FIELD_HELP)
 
 
-def compute_precision(name: str):
-    """The resolved precision for this machine's device, announced once; a bad name is a CLI error."""
-    from spa.models.loading import resolve_device
-
+def decide(device: str, precision_name: str) -> compute.Compute:
+    """The command's device and precision, decided once before any model loads
+    (:func:`spa.compute.decide`); one this machine lacks (``cuda`` without a GPU) is a
+    usage error."""
     try:
-        return precision.decide(name, resolve_device("auto"))
+        return compute.decide(device, precision_name)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
 
 
-def load(model: str, dtype: str, announce: bool = True):
-    """Load a model in ``dtype`` (``auto``: see :mod:`spa.precision`), turning a bad name into a
-    clean CLI error. ``announce=False`` loads weights whose compute precision is chosen elsewhere
-    (fp32 master weights of a trainer)."""
+def load(model: str, chosen: compute.Compute, master: bool = False):
+    """Load a model on the decided device, in its precision (a player's weights) or in fp32
+    (``master``: a trainer's master weights, which autocast computes on), turning a bad
+    name into a clean CLI error."""
     from spa.models import load_model
 
-    chosen = compute_precision(dtype).dtype if announce else dtype
     try:
         with console.status(f"loading {model}"):
-            return load_model(model, dtype=chosen)
+            return load_model(model, dtype="fp32" if master else chosen.dtype, device=chosen.device)
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
 
@@ -174,14 +189,14 @@ def settings(cls, base: dict, overrides: list[str] | None):
         raise typer.BadParameter(str(error)) from None
 
 
-def load_for_training(model: str, out: str, resume: bool):
+def load_for_training(model: str, out: str, resume: bool, chosen: compute.Compute):
     """``(checkpoint or None, model, tokenizer)`` for an RL-style stage writing ``out/checkpoint``:
-    the checkpoint's policy when resuming from one, else ``model``; fp32 master weights (the
-    stage's precision does the compute: autocast and sampling)."""
+    the checkpoint's policy when resuming from one, else ``model``; fp32 master weights on
+    the decided device (its precision does the compute: autocast and sampling)."""
     from spa.rl.ppo import resume_point
 
     checkpoint = resume_point(out) if resume else None
     if resume and checkpoint is None:
         console.print(f"no checkpoint in {out}: starting from {model}")
-    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, "fp32", announce=False)
+    lm, tokenizer = load(str(checkpoint / "policy") if checkpoint else model, chosen, master=True)
     return checkpoint, lm, tokenizer

@@ -8,8 +8,9 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.cli.common import (BASE_MODE_WHY, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption,
-                            app, console, example, load, make_env, mode_option, parse_options, settings)
+from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
+                            SetOption, app, console, decide, example, load, make_env, mode_option, parse_options,
+                            settings)
 
 
 @app.command("eval", epilog=example("spa eval -e sokoban --policy oracle --levels 16"))
@@ -26,6 +27,7 @@ def evaluate_command(
     history_turns: int = typer.Option(0, min=-1, help="Earlier turns kept in the prompt; -1 keeps all."),
     max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
     precision_name: str = PlayPrecisionOption,
+    device: str = DeviceOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE, or evals/ENV-POLICY "
                             "for random and oracle)."),
@@ -52,7 +54,7 @@ def evaluate_command(
     config = settings(EvalConfig, base, set_)
     mode = config.prompt.mode
     if policy == "model":
-        lm, tokenizer = load(model, precision_name)
+        lm, tokenizer = load(model, decide(device, precision_name))
         out_dir = out or f"evals/{env}-{mode}"
         metrics = evaluate(lm, tokenizer, config, out_dir, model_name=model)
     else:
@@ -112,6 +114,7 @@ def ppl(
     levels: int = typer.Option(128, min=1, help="Evaluation levels per environment, one state of each "
                                                 "(after 0-4 random actions)."),
     precision_name: str = PlayPrecisionOption,
+    device: str = DeviceOption,
     out: str = typer.Option(None, help="Also write the results as JSON here."),
 ) -> None:
     """State perplexity of raw grids vs grids with coordinates.
@@ -124,7 +127,7 @@ def ppl(
     names = env or envs.env_names()
     for name in names:
         make_env(name, None)  # a bad name fails before the model loads
-    lm, tokenizer = load(model, precision_name)
+    lm, tokenizer = load(model, decide(device, precision_name))
     table = Table(title=f"State perplexity of {model} ({levels} states each)")
     for column in ("env", "raw grid", "grid + coordinates", "state tokens (raw / structured)"):
         table.add_column(column)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (BASE_MODE_WHY, EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app,
-                            console, example, load, make_env, mode_option, parse_options, prompt_config, settings)
+from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PrecisionOption,
+                            SetOption, app, console, decide, example, load, make_env, mode_option, parse_options,
+                            prompt_config, settings)
 
 
 @app.command(epilog=example("spa iterate -e frozenlake --model runs/fl/sft/epoch-3 --out runs/fl-iterate"))
@@ -43,6 +44,7 @@ def iterate(
                                              "are deleted then, as `spa run` does, since only an unfinished "
                                              "round resumes from one."),
     precision_name: str = PrecisionOption,
+    device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
@@ -56,12 +58,10 @@ def iterate(
     turns whose first move begins a solver's shortest solution (the recipes' choice). A
     killed run resumes where it stopped when given the same command.
     """
-    from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
     from spa.eval.evaluate import EvalConfig, evaluate
     from spa.io import drop_trainer_states
-    from spa.models.device import model_device
     from spa.rl.expert_iteration import IterateConfig, describe_round, run
 
     make_env(env, option)
@@ -69,14 +69,15 @@ def iterate(
     sft = {**to_dict(IterateConfig().sft), "lr": lr, "precision": precision_name}  # one epoch, not SFTConfig's
     base = dict(rounds=rounds, episodes=episodes, samples=samples, keep=keep, sft=sft)
     config = settings(IterateConfig, base, set_)
+    compute = decide(device, config.sft.precision)
     rollout = RolloutConfig(env, parse_options(option), prompt)
-    load_fp32 = partial(load, dtype="fp32", announce=False)
+    load_fp32 = partial(load, chosen=compute, master=True)
     eval_config = EvalConfig(env, parse_options(option), prompt, max(eval_levels, 1), eval_samples,
                              max_new_tokens=config.max_new_tokens)
 
     def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
         return evaluate(lm, tokenizer, eval_config, folder, model_name=model, label=f"{folder.parent.name} eval",
-                        dtype=precision.resolve(config.sft.precision, model_device(lm)).decode_dtype)
+                        dtype=compute.decode_dtype)
 
     def report(record: dict) -> None:
         console.print(describe_round(record))

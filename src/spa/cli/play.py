@@ -7,8 +7,8 @@ from rich.table import Table
 
 from spa import envs
 from spa.agent.seeds import EVAL_SEED_OFFSET
-from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption, app, console,
-                            example, load, make_env, parse_options, settings)
+from spa.cli.common import (DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption, app,
+                            console, decide, example, load, make_env, parse_options, settings)
 
 
 @app.command("envs", epilog=example("spa envs"))
@@ -72,6 +72,7 @@ def demo(
     bootstrap_episodes: int = typer.Option(64, min=1, help="Random-exploration episodes of the format "
                                                            "bootstrap (one SFT epoch; cached)."),
     precision_name: str = PlayPrecisionOption,
+    device: str = DeviceOption,
     option: list[str] = EnvOption,
     set_: list[str] = SetOption,
 ) -> None:
@@ -88,12 +89,13 @@ def demo(
     base = dict(env=env, options=parse_options(option), episodes=episodes, turns=turns, max_new_tokens=max_new_tokens,
                 seed=seed, bootstrap_episodes=bootstrap_episodes, precision=precision_name)
     config = settings(demo_.DemoConfig, base, set_)
-    before = demo_.play(*load(model, config.precision), config, "before" if train else model)
+    compute = decide(device, config.precision)
+    before = demo_.play(*load(model, compute), config, "before" if train else model)
     if not train:
         _show_turns(before)
     else:
-        checkpoint = demo_.bootstrapped(model, config, lambda text: console.print(text, highlight=False))
-        after = demo_.play(*load(str(checkpoint), config.precision), config, "after")
+        checkpoint = demo_.bootstrapped(model, config, lambda text: console.print(text, highlight=False), compute)
+        after = demo_.play(*load(str(checkpoint), compute), config, "after")
         title = f"{env}: {model} before and after a {config.bootstrap_episodes}-episode format bootstrap"
         console.print(demo_.comparison({"before": before, "after": after}, title))
     console.print(f"Next, the whole method (self-play, world-model SFT, RL): "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app, console,
-                            example, load_for_training, make_env, parse_options, settings)
+from spa.cli.common import (DeviceOption, EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app,
+                            console, decide, example, load_for_training, make_env, parse_options, settings)
 from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
 
 
@@ -36,6 +36,7 @@ def rwml(
     eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
     resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
     precision_name: str = PrecisionOption,
+    device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
@@ -52,7 +53,8 @@ def rwml(
                 reward=reward, tau=tau, lr=lr, filter=filter_easy, filter_model=filter_model,
                 eval_seeds=eval_levels, eval_every=eval_every, precision=precision_name)
     config = settings(RWMLConfig, base, set_)
-    _, lm, tokenizer = load_for_training(model, out, resume)
+    compute = decide(device, config.precision)
+    _, lm, tokenizer = load_for_training(model, out, resume, compute)
     try:
         summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as error:  # no data, no embedder...

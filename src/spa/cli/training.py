@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from spa.cli.common import (BASE_MODE_WHY, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
-                            PrecisionOption, SetOption, app, compute_precision, console, example, load,
-                            load_for_training, make_env, mode_option, parse_options, prompt_config, settings)
+from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
+                            PrecisionOption, SetOption, app, console, decide, example, load, load_for_training,
+                            make_env, mode_option, parse_options, prompt_config, settings)
+from spa.compute import Compute
 
 
 @app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 8 \\\n"
@@ -42,6 +43,7 @@ def selfplay(
                                            "cannot write the world-model format without it (spa run's quick preset "
                                            "and spa demo use 64). 0: none."),
     precision_name: str = PlayPrecisionOption,
+    device: str = DeviceOption,
     seed: int = typer.Option(0, help="Sampling seed."),
     option: list[str] = EnvOption,
     set_: list[str] = SetOption,
@@ -68,9 +70,10 @@ def selfplay(
                                  "it needs --exploration self_play and --mode world_model")
     engine = tokenizer = None
     if config.exploration == "self_play":
+        compute = decide(device, precision_name)
         if bootstrap_episodes:
-            model = _bootstrapped(model, config, bootstrap_episodes, precision_name)
-        lm, tokenizer = load(model, precision_name)
+            model = _bootstrapped(model, config, bootstrap_episodes, precision_name, compute)
+        lm, tokenizer = load(model, compute)
         engine = Engine(lm, tokenizer)
     start = time.perf_counter()
     log = TurnLog(Path(out).with_suffix(".partial.jsonl"))  # rerun the command to resume an interrupted play
@@ -92,14 +95,13 @@ def selfplay(
                   f"{stats['wall_seconds']} s -> {out}")
 
 
-def _bootstrapped(model: str, config, episodes: int, precision_name: str) -> str:
+def _bootstrapped(model: str, config, episodes: int, precision_name: str, compute: Compute) -> str:
     """``model`` after spa demo's format bootstrap in the play's environment and turn limits."""
     from spa.demo import DemoConfig, bootstrapped
 
-    compute_precision(precision_name)  # a bad name is a clean CLI error before any training
     demo = DemoConfig(env=config.env, options=dict(config.env_config), turns=config.max_turns,
                       max_actions=config.max_actions_per_turn, bootstrap_episodes=episodes, precision=precision_name)
-    return str(bootstrapped(model, demo, lambda text: console.print(text, highlight=False)))
+    return str(bootstrapped(model, demo, lambda text: console.print(text, highlight=False), compute))
 
 
 def _no_example(stats: dict, bootstrap_episodes: int) -> str:
@@ -133,6 +135,7 @@ def sft(
     resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
     lora_rank: int = typer.Option(0, min=0, help="LoRA rank (peft adapters instead of full fine-tuning); 0: off."),
     precision_name: str = PrecisionOption,
+    device: str = DeviceOption,
     seed: int = typer.Option(0, help="Data order and split seed."),
     set_: list[str] = SetOption,
 ) -> None:
@@ -148,12 +151,13 @@ def sft(
                 mask_states=mask_states, val_fraction=val_fraction, seed=seed, lora_rank=lora_rank,
                 precision=precision_name)
     config = settings(SFTConfig, base, set_)
+    compute = decide(device, config.precision)
     checkpoint = last_checkpoint(Path(out)) if resume else None
     if checkpoint is not None:
         console.print(f"resuming from {checkpoint}")
     # Weights stay fp32 (autocast in the compute precision does the compute); a resumed run
     # continues the checkpoint.
-    lm, tokenizer = resume_model(lambda name: load(name, "fp32", announce=False), model, checkpoint)
+    lm, tokenizer = resume_model(lambda name: load(name, compute, master=True), model, checkpoint)
     history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
     for record in history:
         console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "
@@ -184,14 +188,13 @@ def rl(
     eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation level."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
     precision_name: str = PrecisionOption,
+    device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
     """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
-    from spa import precision
     from spa.agent.rollout import RolloutConfig
     from spa.eval.evaluate import EvalConfig, evaluate
-    from spa.models.device import model_device
     from spa.rl.ppo import PPOConfig, train
 
     make_env(env, option)
@@ -199,11 +202,11 @@ def rl(
     base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every,
                 precision=precision_name)
     config = settings(PPOConfig, base, set_)
+    compute = decide(device, config.precision)
     rollout_config = RolloutConfig(env, parse_options(option), prompt)
-    checkpoint, lm, tokenizer = load_for_training(model, out, resume)
+    checkpoint, lm, tokenizer = load_for_training(model, out, resume, compute)
     eval_config = EvalConfig(env, parse_options(option), prompt, eval_levels, eval_samples,
                              max_new_tokens=config.max_new_tokens)
-    compute = precision.resolve(config.precision, model_device(lm))
 
     def evaluate_fn(policy, step: int) -> dict:
         return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from spa.compute import resolve_device
 from spa.progress import quiet_hf_bars
 
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
@@ -93,18 +94,20 @@ def _max_length(folder: Path, tokenizer) -> int:
 class SentenceEmbedder:
     """Encode texts into L2-normalised sentence embeddings (N, D).
 
-    ``path``: a model name or folder, see ``embedding_model_path``. The model runs in
-    fp32: MiniLM is small, and bf16 would blur the small distances RWML thresholds.
+    ``path``: a model name or folder, see ``embedding_model_path``. ``device``: a name of
+    :mod:`spa.compute` or a torch device (the RWML stage passes its own, so that the reward
+    is computed beside the policy). The model runs in fp32: MiniLM is small, and bf16 would
+    blur the small distances RWML thresholds.
     """
 
-    def __init__(self, path: str | None = None, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(self, path: str | None = None, device: str | torch.device = "auto", batch_size: int = 64) -> None:
         from transformers import AutoModel, AutoTokenizer  # heavy import, only when used
 
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be at least 1")
         self.path = embedding_model_path(path)
         folder = Path(self.path)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         with quiet_hf_bars():

@@ -31,6 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spa import precision
+from spa.compute import resolve_device
 from spa.progress import quiet_hf_bars
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -60,14 +61,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device | None = 
     ``auto`` asks :func:`spa.precision.resolve` what is fast on ``device``."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    return precision.resolve(dtype, resolve_device(device)).dtype
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` or ``"auto"`` picks CUDA when present, else the CPU."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    return precision.resolve(dtype, resolve_device("auto" if device is None else device)).dtype
 
 
 def load_model(
@@ -77,18 +71,20 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` for a built-in name, a local folder or a hub id.
 
-    The model is in eval mode on ``device`` in ``dtype``. ``device="auto"`` (the default)
-    is the GPU where there is one, else the CPU: every stage of ``spa run`` loads through
-    here, and a stage that loaded on the CPU would train and play there on a GPU machine.
-    ``dtype="auto"`` (the default) is bf16 where the hardware computes it natively and
-    fp32 elsewhere (:mod:`spa.precision`).
+    The model is in eval mode on ``device`` in ``dtype``. ``device`` is a name of
+    :mod:`spa.compute` or a torch device; ``"auto"`` (the default) is the GPU where there is
+    one (under a launcher, the process's own), else the CPU. The commands and ``spa run``
+    pass the device they decided (:class:`spa.compute.Compute`). ``dtype="auto"`` (the
+    default) is bf16 where the hardware computes it natively and fp32 elsewhere
+    (:mod:`spa.precision`).
     """
-    torch_dtype = resolve_dtype(dtype, device)
+    device = resolve_device("auto" if device is None else device)
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else precision.resolve(dtype, device).dtype
     if name_or_path == DEFAULT_MODEL:
         path = default_model_path()
     elif name_or_path == TINY_MODEL:
         model, tokenizer = build_tiny_model()
-        return model.to(device=resolve_device(device), dtype=torch_dtype).eval(), tokenizer
+        return model.to(device=device, dtype=torch_dtype).eval(), tokenizer
     elif Path(name_or_path).expanduser().is_dir():
         path = Path(name_or_path).expanduser()
     elif Path(name_or_path).expanduser().exists() or _looks_like_path(name_or_path):
@@ -102,7 +98,7 @@ def load_model(
     with quiet_hf_bars():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.to(resolve_device(device)).eval(), tokenizer
+    return model.to(device).eval(), tokenizer
 
 
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

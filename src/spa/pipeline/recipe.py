@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spa import precision
+from spa import compute, precision
 from spa.config import load, read_yaml
 from spa.models.loading import DEFAULT_MODEL
 from spa.rl.expert_iteration import IterateConfig
@@ -110,8 +110,9 @@ class SelfPlaySection:
 
 #: Recipe keys a rerun of a run folder may change and replicates may differ in: they change
 #: no result of any stage (``eval.base`` only whether the base model is evaluated too;
-#: ``spa.pipeline.run``, ``spa.pipeline.replicates``).
-RESULT_NEUTRAL_KEYS = ("keep_optimizer", "eval.base")
+#: ``device`` only where the same computation runs, as ``auto`` on two machines does; a run
+#: started on a GPU may go on on the CPU; ``spa.pipeline.run``, ``spa.pipeline.replicates``).
+RESULT_NEUTRAL_KEYS = ("keep_optimizer", "eval.base", "device")
 
 _STAGE_SEED_HELP = "Seed of this stage; null: the recipe's seed (a number here wins, 0 included)."
 
@@ -218,6 +219,8 @@ class Recipe:
     precision: str = field(default="auto", metadata={
         "help": precision.FIELD_HELP + " Every stage uses it, except one whose own precision (sft.precision, "
                                        "ppo.precision, rwml.precision) is set to other than auto."})
+    device: str = field(default="auto", metadata={
+        "help": compute.FIELD_HELP + " Every stage loads, trains and plays there, the RWML embedder included."})
     keep_optimizer: bool = field(default=False, metadata={
         "help": "Keep the optimizer state (and the RL critic) in the checkpoints of finished stages; false "
                 "deletes it once a stage is recorded as finished, keeping weights, tokenizer and results. "
@@ -234,6 +237,7 @@ class Recipe:
             raise ValueError(f"iterate.keep={self.iterate.keep!r} with method 'vagen': under rl: iterate, vagen's "
                              "reward for grounded states is the loss mask of iterate.keep: best_grounded")
         self.precision = precision.check(self.precision)
+        self.device = compute.check_device(self.device)
         if not 0 <= self.selfplay.bootstrap_actions <= self.prompt.max_actions:
             raise ValueError(f"selfplay.bootstrap_actions={self.selfplay.bootstrap_actions} must be 0 (up to "
                              f"prompt.max_actions) or 1..{self.prompt.max_actions}")

@@ -50,13 +50,13 @@ from spa import heap, precision
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
+from spa.compute import decide
 from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import drop_trainer_states, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.device import model_device
 from spa.models.engine import Engine
-from spa.models.loading import resolve_device
 from spa.pipeline.clock import StageClock
 from spa.pipeline.layout import BEFORE_RL, eval_dir
 from spa.pipeline.recipe import RESULT_NEUTRAL_KEYS, Recipe
@@ -91,10 +91,16 @@ METHOD_STAGES = {
 
 
 class Run:
-    """A run folder and its record of finished stages."""
+    """A run folder and its record of finished stages.
+
+    The recipe's device and precision are decided once, here (:func:`spa.compute.decide`:
+    a bad device is a ValueError before any stage runs); every stage loads its models on
+    that device.
+    """
 
     def __init__(self, recipe: Recipe, folder: str | Path, log: Callable[[str], None] = print):
         self.recipe, self.dir, self.log = recipe, Path(folder), log
+        self.compute = decide(recipe.device, recipe.precision)
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "config.yaml"
         if config.exists():
@@ -171,9 +177,10 @@ class Run:
         """The format-bootstrap checkpoint when there is one, else the base model."""
         return self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
 
-    def compute(self) -> precision.Precision:
-        """The recipe's compute precision on this machine (announced once)."""
-        return precision.decide(self.recipe.precision, resolve_device("auto"))
+    def load(self, model: str, master: bool = False):
+        """``(model, tokenizer)`` on the run's device: in the run's precision to play, or fp32
+        master weights (``master``) for a stage that trains them under autocast."""
+        return load_model(model, dtype="fp32" if master else self.compute.dtype, device=self.compute.device)
 
     def prompt(self, mode: str) -> PromptConfig:
         p = self.recipe.prompt
@@ -190,7 +197,7 @@ class Run:
                                 exploration_actions=exploration_actions)
         engine = tokenizer = None
         if exploration == "self_play":
-            lm, tokenizer = load_model(model, dtype=self.compute().dtype)
+            lm, tokenizer = self.load(model)
             engine = Engine(lm, tokenizer)
         with TurnLog(out.with_suffix(".partial.jsonl")) as log:  # an interrupted play resumes from its last turn
             examples, stats = build_examples(collect(engine, tokenizer, config, log=log), config)
@@ -206,7 +213,7 @@ class Run:
 
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int, **overrides) -> str:
         checkpoint = last_checkpoint(out) if out.exists() else None
-        lm, tokenizer = resume_model(lambda name: load_model(name, dtype="fp32"), model, checkpoint)
+        lm, tokenizer = resume_model(partial(self.load, master=True), model, checkpoint)
         config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.stage_seed(self.recipe.sft),
                          precision=self.recipe.stage_precision(self.recipe.sft), **overrides)
         final = out / f"epoch-{epochs}"
@@ -233,7 +240,7 @@ class Run:
                 metrics = json.loads((out / "metrics.json").read_text())
             else:
                 if lm is None:
-                    lm, tokenizer = load_model(model, dtype=self.compute().dtype)
+                    lm, tokenizer = self.load(model)
                 metrics = evaluate(lm, tokenizer, self._eval_config(mode), out, model_name=model)
             results[mode] = {"metrics": str(out / "metrics.json"), "success": metrics["success_rate"],
                              **metrics["pass_at_k"], "seconds": metrics["wall_seconds"]}
@@ -282,7 +289,7 @@ class Run:
     def _rwml(self) -> dict:
         r, out = self.recipe, self.dir / "rwml"
         checkpoint = resume_point(out)
-        lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), dtype="fp32")
+        lm, tokenizer = self.load(str(checkpoint / "policy") if checkpoint else self.bootstrapped(), master=True)
         config = replace(r.rwml, seed=r.stage_seed(r.rwml), max_turns=r.prompt.max_turns,
                          max_actions_per_turn=r.prompt.max_actions,
                          precision=r.stage_precision(r.rwml))
@@ -299,7 +306,7 @@ class Run:
         r = self.recipe
         out = self.dir / "rl"
         checkpoint = resume_point(out)
-        lm, tokenizer = load_model(str(checkpoint / "policy") if checkpoint else self.start_model(), dtype="fp32")
+        lm, tokenizer = self.load(str(checkpoint / "policy") if checkpoint else self.start_model(), master=True)
         rollout_config = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
         config = replace(r.ppo, seed=r.stage_seed(r.ppo), precision=r.stage_precision(r.ppo))
         probe = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode),
@@ -333,12 +340,11 @@ class Run:
 
         def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
             return evaluate(lm, tokenizer, eval_config, folder, model_name=f"rl/{folder.parent.name}",
-                            dtype=self.compute().decode_dtype, label=f"{folder.parent.name} eval")
+                            dtype=self.compute.decode_dtype, label=f"{folder.parent.name} eval")
 
         logger = MetricsLogger(out, resume_step=-1, tensorboard=False)  # a resumed run reports every round again
-        rounds = expert_iteration.run(self.start_model(), lambda name: load_model(name, dtype="fp32"), config,
-                                      rollout, out, evaluate=evaluate_fn,
-                                      on_round=lambda record: self._log_round(logger, record))
+        rounds = expert_iteration.run(self.start_model(), partial(self.load, master=True), config, rollout, out,
+                                      evaluate=evaluate_fn, on_round=lambda record: self._log_round(logger, record))
         logger.close()
         return {"model": rounds[-1]["model"], "metrics": str(out / "metrics.jsonl"), "start": self.start_model(),
                 "rounds": str(out / "rounds.json"), "final_eval": str(out / f"round-{config.rounds}" / "eval")}

@@ -212,11 +212,11 @@ def score(completions: list[str], targets: list[str], befores: list[str], config
                                      tau=config.tau, binary=config.binary)
 
 
-def load_embedder(config: RWMLConfig, required: bool):
+def load_embedder(config: RWMLConfig, required: bool, device: str | torch.device = "auto"):
     """The sentence embedder of the reward (``required``) or of the evaluation (optional:
-    ``None`` when the packaged model is not installed)."""
+    ``None`` when the packaged model is not installed), on ``device``."""
     try:
-        return SentenceEmbedder(config.embedding_model)
+        return SentenceEmbedder(config.embedding_model, device=device)
     except ModuleNotFoundError:
         if required:
             raise
@@ -262,7 +262,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     if engine is None:
         engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
     if embedder is None and config.reward == "embedding":
-        embedder = load_embedder(config, required=True)
+        embedder = load_embedder(config, required=True, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     G = config.group_size
     history = []
@@ -347,14 +347,14 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
     (+ ``.predictions.jsonl``), ``eval/summary.json`` (before, after, after - before), and
     ``train``'s ``metrics.jsonl``, ``config.json``, ``checkpoint/``. With ``resume`` the
     saved triplets are reused (the filter model was the policy *before* training) and
-    training continues from ``out/checkpoint``, whose weights ``policy`` must hold.
-    Returns the summary.
+    training continues from ``out/checkpoint``, whose weights ``policy`` must hold; the
+    embedder and the filter model load on the policy's device. Returns the summary.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = resume_point(out) if resume else None
     needs_embedding = config.reward == "embedding" or (config.filter and config.filter_distance == "embedding")
-    embedder = load_embedder(config, required=needs_embedding)
+    embedder = load_embedder(config, required=needs_embedding, device=model_device(policy))
     compute = precision_.for_model(config.precision, policy)
     dtype = compute.decode_dtype
 
