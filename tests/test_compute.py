@@ -123,8 +123,17 @@ def test_a_compute_autocasts_and_decodes_in_its_precision_on_its_device():
     with low.autocast():
         assert (x @ w).dtype == torch.bfloat16
     assert (low.dtype, low.decode_dtype) == (torch.bfloat16, torch.bfloat16)
-    full = Compute(torch.device("cpu"), precision.Precision("fp32", "test"))
+    full = low.with_precision("fp32")
     with full.autocast():
         assert (x @ w).dtype == torch.float32
     assert (full.device, full.dtype, full.decode_dtype) == (torch.device("cpu"), torch.float32, None)
 
+
+def test_a_model_without_a_decided_compute_gets_its_own_device(tiny, monkeypatch, capsys):
+    model, _ = tiny
+    monkeypatch.setattr(precision, "_announced", set())
+    chosen = compute.for_model(model, "fp32")
+    assert chosen == Compute(torch.device("cpu"), precision.Precision("fp32", "asked for"))
+    assert capsys.readouterr().err == "compute: fp32 on cpu (asked for)\n"
+    compute.announce(chosen, file=io.StringIO())
+    assert capsys.readouterr().err == ""  # once per process

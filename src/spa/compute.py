@@ -2,8 +2,10 @@
 
 Every command that loads a model (and ``spa run``, once for all its stages) calls
 :func:`decide` with its ``--device`` and ``--precision`` (a recipe's ``device`` and
-``precision``) before any model loads, and loads its models on the :class:`Compute`'s
-device.
+``precision``) before any model loads, and passes the :class:`Compute` it returns down to
+the loaders, trainers and the generation engine. Below the entry point nothing reads the
+two strings again: a stage that resolved ``auto`` on its own could land on another device
+or precision than the command announced.
 
 The device names:
 
@@ -105,6 +107,13 @@ class Compute:
         """Autocast to the precision on ``device`` (default: this one); fp32: a no-op context."""
         return self.precision.autocast(self.device if device is None else device)
 
+    def with_precision(self, name: str) -> Compute:
+        """The same device in precision ``name`` (a stage whose own precision differs from its
+        run's), announced."""
+        chosen = Compute(self.device, precision_.resolve(name, self.device))
+        announce(chosen)
+        return chosen
+
 
 def claim(device: torch.device) -> None:
     """Make ``device`` this process's before any model loads: the current GPU, or, for the
@@ -132,3 +141,12 @@ def decide(device: str | torch.device = "auto", precision_name: str = "auto") ->
     announce(chosen)
     return chosen
 
+
+def for_model(model: torch.nn.Module, precision_name: str = "auto") -> Compute:
+    """The compute of a model already placed: its parameters' device, ``precision_name``
+    resolved there (announced). For a caller that hands a trainer no :class:`Compute` of
+    its own (a script calling the library)."""
+    where = next(model.parameters()).device
+    chosen = Compute(where, precision_.resolve(precision_name, where))
+    announce(chosen)
+    return chosen

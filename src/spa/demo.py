@@ -123,7 +123,7 @@ def bootstrapped(model: str, config: DemoConfig, log: Callable[[str], None] = pr
         f"{config.bootstrap_episodes} random-exploration episodes; one epoch of SFT")
     lm, tokenizer = load_model(model, dtype="fp32", device=compute.device)  # fp32 master weights; autocast computes
     with atomic_dir(folder) as tmp:
-        history = train(lm, tokenizer, examples, config.sft, tmp / "sft")
+        history = train(lm, tokenizer, examples, config.sft, tmp / "sft", compute=compute)
         checkpoint = last_checkpoint(tmp / "sft")
         (checkpoint / TRAINER_STATE).unlink()  # optimizer state: twice the weights, never resumed
         checkpoint.rename(tmp / "model")

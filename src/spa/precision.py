@@ -119,18 +119,11 @@ def announce(precision: Precision, file=None, where: str = "") -> None:
 
 
 def decide(name: str = "auto", device: torch.device | str = "cpu") -> Precision:
-    """:func:`resolve`, then :func:`announce` the choice (once per process): what every
-    command and stage that computes in the precision calls."""
+    """:func:`resolve`, then :func:`announce` the choice (once per process): for a script
+    that picks its device itself (``bench/``); the commands decide the device and the
+    precision together (:func:`spa.compute.decide`)."""
     chosen = resolve(name, device)
     announce(chosen)
-    return chosen
-
-
-def for_model(name: str, model: torch.nn.Module) -> Precision:
-    """:func:`resolve` on the device of ``model``'s parameters, announced with the device."""
-    device = next(model.parameters()).device
-    chosen = resolve(name, device)
-    announce(chosen, where=f" on {device}")
     return chosen
 
 

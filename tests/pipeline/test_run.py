@@ -394,11 +394,14 @@ def test_vagen_adds_world_model_rewards_to_the_turns(preset, tmp_path):
 
 
 def where_it_computes(monkeypatch) -> dict:
-    """Spies on a run: the device of every model load and of the RWML embedder."""
+    """Spies on a run: the device of every model load and of the RWML embedder, the compute
+    handed to each trainer, and every compute decided below the run (a stage that was
+    handed none decides its own from the strings)."""
     import spa.pipeline.run as run_module
-    from spa.rl import rwml_train
+    from spa.rl import expert_iteration, ppo, rwml_train
+    from spa.worldmodel import sft
 
-    seen = {"loads": [], "embedders": []}
+    seen = {"loads": [], "embedders": [], "trainers": [], "fallbacks": []}
 
     def spy(record: str, real, key: str):
         def wrapper(*args, **kwargs):
@@ -408,14 +411,22 @@ def where_it_computes(monkeypatch) -> dict:
 
     monkeypatch.setattr(run_module, "load_model", spy("loads", run_module.load_model, "device"))
     monkeypatch.setattr(rwml_train, "SentenceEmbedder", spy("embedders", rwml_train.SentenceEmbedder, "device"))
+    for module, name in ((run_module, "train_sft"), (run_module, "train_rl"), (rwml_train, "run"),
+                         (expert_iteration, "run")):
+        monkeypatch.setattr(module, name, spy("trainers", getattr(module, name), "compute"))
+    for module in (sft, ppo, rwml_train, expert_iteration):
+        monkeypatch.setattr(module, "for_model", spy("fallbacks", module.for_model, "model"))
     return seen
 
 
-def assert_on_the_run_device(seen: dict) -> None:
-    """Every load and the embedder on the recipe's device (cpu here, given by name)."""
+def assert_on_the_run_device(seen: dict, trainers: int) -> None:
+    """Every load, the embedder and each trainer on the recipe's device (cpu here, given by
+    name), each trainer in its stage's precision (fp32 in these recipes), nothing decided below."""
     cpu = torch.device("cpu")
     assert seen["loads"] and seen["loads"] == [cpu] * len(seen["loads"])
     assert seen["embedders"] == [cpu]
+    assert [(c.device, c.precision.name) for c in seen["trainers"]] == [(cpu, "fp32")] * trainers
+    assert seen["fallbacks"] == []
 
 
 def test_rwml_then_ppo_runs_every_stage(preset, tmp_path, monkeypatch):
@@ -431,7 +442,19 @@ def test_rwml_then_ppo_runs_every_stage(preset, tmp_path, monkeypatch):
     assert list(stages) == ["bootstrap", "eval_base", "rwml", "eval_rwml", "rl", "eval_final", "report"]
     report = (folder / "report.md").read_text()
     assert "RWML next-state prediction" in report and "copied" in report and "changed_exact" in report
-    assert_on_the_run_device(seen)
+    assert_on_the_run_device(seen, trainers=3)  # the bootstrap's SFT, RWML, PPO
+
+
+def test_a_stage_computes_on_the_run_device_in_its_own_precision_where_it_sets_one(tmp_path):
+    from spa import precision
+    from spa.compute import Compute
+
+    recipe = load_recipe(CONFIGS / "sokoban-spa.yaml", ["precision=fp32", "ppo.precision=bf16", "device=cpu"])
+    run = Run(recipe, tmp_path)
+    cpu = torch.device("cpu")
+    assert run.compute == Compute(cpu, precision.Precision("fp32", "asked for"))
+    assert run.stage_compute(recipe.sft) is run.compute and run.stage_compute(recipe.rwml) is run.compute
+    assert run.stage_compute(recipe.ppo) == Compute(cpu, precision.resolve("bf16", cpu))
 
 
 def test_the_device_is_a_recipe_key_checked_when_the_recipe_loads(tmp_path):
@@ -657,7 +680,7 @@ def test_rwml_with_expert_iteration_starts_from_the_evaluated_rwml_checkpoint(pr
     assert ((folder / "rl" / "round-0" / "eval" / "trajectories.jsonl").read_text()
             == (folder / "eval" / "rwml-base" / "trajectories.jsonl").read_text())
     assert [json.loads(line)["response"] for line in (folder / "rl" / "round-1" / "data.jsonl").open()] == [WIN]
-    assert_on_the_run_device(seen)
+    assert_on_the_run_device(seen, trainers=3)  # the bootstrap's SFT, RWML, the rounds (their SFT and play)
 
 
 def test_vagen_with_expert_iteration_learns_only_the_states_it_got_right(preset, tmp_path, monkeypatch):

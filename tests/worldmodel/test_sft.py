@@ -285,3 +285,37 @@ def test_the_heap_is_trimmed_every_trim_every_steps_optimizer_steps(tiny, tmp_pa
         model, _ = load_model("tiny", dtype="fp32")
         train(model, tokenizer, examples, config, tmp_path / str(every), progress=False)
         assert len(trims) == expected, every
+
+
+def test_the_compute_handed_down_is_what_trains_not_the_configs_string(tiny, tmp_path, monkeypatch):
+    """A caller that decided bf16 (spa.compute.decide) gets bf16 autocast in every forward
+    and held-out generation, although the config still says fp32; none is decided again."""
+    import spa.models.engine as engine_module
+    import spa.worldmodel.sft as sft
+    from spa.compute import Compute
+    from spa.models import load_model
+    from spa.precision import Precision
+
+    _, tokenizer = tiny
+    examples = random_play_examples(tokenizer, episodes=4, max_turns=1)
+    config = SFTConfig(epochs=1, batch_size=2, val_fraction=0.5, val_examples_generate=1, val_max_new_tokens=2,
+                       precision="fp32")
+    autocasts, engines = [], []
+    real_loss, real_engine = sft.masked_lm_loss, engine_module.Engine
+
+    def loss(model, *batch):
+        autocasts.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real_loss(model, *batch)
+
+    def engine(model, tokenizer, dtype=None):
+        engines.append(dtype)
+        return real_engine(model, tokenizer, dtype=dtype)
+
+    monkeypatch.setattr(sft, "masked_lm_loss", loss)
+    monkeypatch.setattr(engine_module, "Engine", engine)
+    monkeypatch.setattr(sft, "for_model", lambda *args: pytest.fail("a compute was decided inside train"))
+    model, _ = load_model("tiny", dtype="fp32")
+    train(model, tokenizer, examples, config, tmp_path, progress=False,
+          compute=Compute(torch.device("cpu"), Precision("bf16", "decided by the caller")))
+    assert autocasts and set(autocasts) == {torch.bfloat16}  # training and held-out loss
+    assert engines == [torch.bfloat16]  # the held-out next states

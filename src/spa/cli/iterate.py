@@ -83,7 +83,8 @@ def iterate(
         console.print(describe_round(record))
 
     try:
-        run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_levels else None, on_round=report)
+        run(model, load_fp32, config, rollout, out, evaluate=evaluate_fn if eval_levels else None, on_round=report,
+            compute=compute)
     except (ValueError, RuntimeError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None

@@ -56,7 +56,8 @@ def rwml(
     compute = decide(device, config.precision)
     _, lm, tokenizer = load_for_training(model, out, resume, compute)
     try:
-        summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print)
+        summary = run(lm, tokenizer, env, parse_options(option), config, out, resume=resume, log=console.print,
+                      compute=compute)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as error:  # no data, no embedder...
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None

@@ -158,7 +158,7 @@ def sft(
     # Weights stay fp32 (autocast in the compute precision does the compute); a resumed run
     # continues the checkpoint.
     lm, tokenizer = resume_model(lambda name: load(name, compute, master=True), model, checkpoint)
-    history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
+    history = train(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint, compute=compute)
     for record in history:
         console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.3f}, val loss "
                       f"{record['val_loss']:.3f}, next-state exact {100 * record['val_prediction_exact']:.1f}%, "
@@ -212,7 +212,8 @@ def rl(
         return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,
                         progress=False, dtype=compute.decode_dtype)
 
-    history = train(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint)
+    history = train(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint,
+                    compute=compute)
     if history:
         last = history[-1]
         console.print(f"step {last['step']}: reward {last['rollout/reward_mean']:+.3f}, "

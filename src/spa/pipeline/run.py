@@ -46,16 +46,15 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from spa import heap, precision
+from spa import heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
-from spa.compute import decide
+from spa.compute import Compute, decide
 from spa.config import read_yaml, save, to_dict, with_defaults
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import drop_trainer_states, write_json, write_jsonl
 from spa.models import load_model
-from spa.models.device import model_device
 from spa.models.engine import Engine
 from spa.pipeline.clock import StageClock
 from spa.pipeline.layout import BEFORE_RL, eval_dir
@@ -95,7 +94,7 @@ class Run:
 
     The recipe's device and precision are decided once, here (:func:`spa.compute.decide`:
     a bad device is a ValueError before any stage runs); every stage loads its models on
-    that device.
+    that device and computes in that precision, or in its own where it sets one.
     """
 
     def __init__(self, recipe: Recipe, folder: str | Path, log: Callable[[str], None] = print):
@@ -177,6 +176,11 @@ class Run:
         """The format-bootstrap checkpoint when there is one, else the base model."""
         return self.output("bootstrap") if "bootstrap" in self.stages else self.recipe.model
 
+    def stage_compute(self, stage) -> Compute:
+        """A training stage's compute: the run's, in the stage's own precision where it sets one."""
+        name = self.recipe.stage_precision(stage)
+        return self.compute if name == self.recipe.precision else self.compute.with_precision(name)
+
     def load(self, model: str, master: bool = False):
         """``(model, tokenizer)`` on the run's device: in the run's precision to play, or fp32
         master weights (``master``) for a stage that trains them under autocast."""
@@ -218,7 +222,8 @@ class Run:
                          precision=self.recipe.stage_precision(self.recipe.sft), **overrides)
         final = out / f"epoch-{epochs}"
         if not final.is_dir():  # written atomically, so whole
-            train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint)
+            train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint,
+                      compute=self.stage_compute(self.recipe.sft))
         return str(final)
 
     def _eval_config(self, mode: str) -> EvalConfig:
@@ -294,7 +299,7 @@ class Run:
                          max_actions_per_turn=r.prompt.max_actions,
                          precision=r.stage_precision(r.rwml))
         summary = rwml_train.run(lm, tokenizer, r.env.name, dict(r.env.options), config, out,
-                                 resume=checkpoint is not None, log=self.log)
+                                 resume=checkpoint is not None, log=self.log, compute=self.stage_compute(r.rwml))
         return {"model": str(out / "checkpoint" / "policy"), "summary": summary}
 
     def _eval_rwml(self) -> dict:
@@ -313,7 +318,7 @@ class Run:
                            num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
                            max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
 
-        compute = precision.resolve(config.precision, model_device(lm))
+        compute = self.stage_compute(r.ppo)
 
         def evaluate_fn(policy, step: int) -> dict:
             return evaluate(policy, tokenizer, probe, out / "eval" / f"step-{step}", progress=False,
@@ -324,7 +329,7 @@ class Run:
             turn_reward = partial(vagen_turn_reward, beta_s=r.vagen.beta_s, beta_w=r.vagen.beta_w,
                                   format_reward=r.vagen.format_reward)
         train_rl(lm, tokenizer, rollout_config, config, out, evaluate_fn=evaluate_fn, resume_from=checkpoint,
-                 turn_reward=turn_reward)
+                 turn_reward=turn_reward, compute=compute)
         return {"model": str(out / "checkpoint" / "policy"), "metrics": str(out / "metrics.jsonl"),
                 "start": self.start_model()}
 
@@ -344,7 +349,8 @@ class Run:
 
         logger = MetricsLogger(out, resume_step=-1, tensorboard=False)  # a resumed run reports every round again
         rounds = expert_iteration.run(self.start_model(), partial(self.load, master=True), config, rollout, out,
-                                      evaluate=evaluate_fn, on_round=lambda record: self._log_round(logger, record))
+                                      evaluate=evaluate_fn, on_round=lambda record: self._log_round(logger, record),
+                                      compute=self.stage_compute(r.sft))
         logger.close()
         return {"model": rounds[-1]["model"], "metrics": str(out / "metrics.jsonl"), "start": self.start_model(),
                 "rounds": str(out / "rounds.json"), "final_eval": str(out / f"round-{config.rounds}" / "eval")}

@@ -39,14 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from spa import heap, precision
+from spa import heap
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
+from spa.compute import Compute, for_model
 from spa.config import to_dict
 from spa.eval.metrics import pct_with_interval
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
-from spa.models.device import model_device
 from spa.models.engine import Engine
 from spa.progress import turn_progress
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
@@ -110,12 +110,14 @@ def selfplay_config(config: IterateConfig, rollout: RolloutConfig, round_: int) 
 
 def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig, out: str | Path,
         evaluate: Callable[[Any, Any, Path], dict] | None = None,
-        on_round: Callable[[dict], None] | None = None) -> list[dict]:
+        on_round: Callable[[dict], None] | None = None, compute: Compute | None = None) -> list[dict]:
     """Run (or resume) the rounds from ``model``; returns one summary record per round.
 
     ``load`` gives fp32 weights (sampling decodes in ``config.sft.precision``), ``rollout``
     the environment and prompt, and ``evaluate(model, tokenizer, folder)`` (optional) an
-    evaluation whose metrics it writes under ``folder``.
+    evaluation whose metrics it writes under ``folder``. ``compute``: the device and
+    precision the caller decided from ``config.sft.precision`` (:func:`spa.compute.decide`;
+    ``load`` puts the weights on its device); None decides it on each loaded model's device.
     """
     out = Path(out)
     selfplay_config(config, rollout, 1)  # its checks (keep against the prompt mode) before any model loads
@@ -126,8 +128,8 @@ def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig,
         _report(out, records, on_round)
     for round_ in range(1, config.rounds + 1):
         folder = out / f"round-{round_}"
-        stats = _play(model, load, config, selfplay_config(config, rollout, round_), folder / "data.jsonl")
-        model = _train(model, load, config.sft, folder)
+        stats = _play(model, load, config, selfplay_config(config, rollout, round_), folder / "data.jsonl", compute)
+        model = _train(model, load, config.sft, folder, compute)
         record = {"round": round_, "model": model, "kept": stats["kept"], "turns": stats["turns"],
                   "play_success": stats["success_rate"], "best_first_kept": stats.get("best_first_kept"),
                   "best_first_dropped": stats.get("best_first_dropped"), "play_seconds": stats.get("wall_seconds"),
@@ -155,13 +157,14 @@ def _check_settings(path: Path, settings: dict) -> None:
 
 
 @heap.releasing  # each stage frees a model (SFT also its optimizer): back to the system (spa.heap)
-def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig, data: Path) -> dict:
+def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig, data: Path,
+          compute: Compute | None) -> dict:
     """The round's filtered examples in ``data`` (played unless already there); their stats."""
     stats_path = data.with_suffix(".stats.json")
     if stats_path.is_file():  # written after the data, so both are complete
         return json.loads(stats_path.read_text(encoding="utf-8"))
     lm, tokenizer = load(model)
-    engine = Engine(lm, tokenizer, dtype=precision.resolve(config.sft.precision, model_device(lm)).decode_dtype)
+    engine = Engine(lm, tokenizer, dtype=(compute or for_model(lm, config.sft.precision)).decode_dtype)
     log = TurnLog(data.with_name(PLAY_PARTIAL))  # an interrupted play resumes from its last finished turn
     with turn_progress(f"{data.parent.name} play", play.max_turns, engine=engine) as on_turn, log:
         trajectories = collect(engine, tokenizer, play, on_turn=on_turn, log=log)
@@ -178,7 +181,7 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
 
 
 @heap.releasing
-def _train(model: str, load: Loader, config: SFTConfig, folder: Path) -> str:
+def _train(model: str, load: Loader, config: SFTConfig, folder: Path, compute: Compute | None) -> str:
     """SFT of ``model`` on the round's data (resumed or skipped if done); the new model's folder."""
     sft_dir = folder / "sft"
     final = sft_dir / f"epoch-{config.epochs}"
@@ -186,7 +189,8 @@ def _train(model: str, load: Loader, config: SFTConfig, folder: Path) -> str:
         return str(final)
     checkpoint = last_checkpoint(sft_dir)
     lm, tokenizer = resume_model(load, model, checkpoint)
-    train(lm, tokenizer, load_examples(folder / "data.jsonl"), config, sft_dir, resume_from=checkpoint)
+    train(lm, tokenizer, load_examples(folder / "data.jsonl"), config, sft_dir, resume_from=checkpoint,
+          compute=compute)
     return str(final)
 
 

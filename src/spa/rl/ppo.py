@@ -48,10 +48,10 @@ import numpy as np
 import torch
 
 from spa import distributed, interrupt
-from spa import precision as precision_
 from spa.agent.parsing import split_actions
 from spa.agent.rollout import RolloutConfig, Trajectory, Turn, rollout
 from spa.agent.seeds import train_seeds
+from spa.compute import for_model
 from spa.eval.metrics import summarize
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
@@ -224,7 +224,7 @@ def resume_point(out: str | Path) -> Path | None:
 
 def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, out: str | Path,
           evaluate_fn=None, resume_from: Path | None = None, progress: bool = True,
-          engine=None, turn_reward: Callable[[Turn], float] | None = None) -> list[dict]:
+          engine=None, turn_reward: Callable[[Turn], float] | None = None, compute=None) -> list[dict]:
     """Run PPO or GRPO; returns the per-step metrics (also in ``out/metrics.jsonl``).
 
     ``evaluate_fn(policy, step) -> dict`` runs the periodic evaluation (its flat numeric
@@ -235,6 +235,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     world-model rewards, :func:`spa.rl.rewards.vagen_turn_reward`); ``rollout/reward_mean``
     stays the environment's reward, the bonus is logged as ``rollout/shaping_reward``; a
     ``best_move_reward`` is added to it and ``excess_action_penalty`` taken from it.
+    ``compute`` (:class:`spa.compute.Compute`): the caller's decided precision; None decides
+    ``config.precision`` on the policy's device.
     Launched on several processes, they train one policy together (module docstring).
     """
     out = Path(out)
@@ -243,7 +245,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     policy = distributed.place(policy)
     distributed.sync_params(policy)
     device = model_device(policy)
-    compute = precision_.for_model(config.precision, policy)
+    compute = compute or for_model(policy, config.precision)
     autocast = compute.autocast(device)
     reference = None
     if config.kl_coef > 0:

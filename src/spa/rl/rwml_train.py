@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from spa import distributed, interrupt
-from spa import precision as precision_
 from spa.agent.grids import aligned_cells, exact_match, grid_cells, split_state, state_match
+from spa.compute import Compute, for_model
 from spa.io import TRAINER_STATE, write_json, write_jsonl
 from spa.models import load_model
 from spa.models.device import model_device
@@ -101,7 +101,7 @@ def _mean(values) -> float:
 
 
 def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_tokens: int = 200,
-                        embedder=None, tau: float = EMBEDDING_TAU, engine=None, precision: str = "auto",
+                        embedder=None, tau: float = EMBEDDING_TAU, engine=None, compute: Compute | None = None,
                         records: str | Path | None = None) -> dict:
     """Greedy next-state prediction accuracy of ``model`` on ``triplets``.
 
@@ -113,12 +113,13 @@ def prediction_accuracy(model, tokenizer, triplets: list[Triplet], *, max_new_to
     actions, ``is_copy``: the trivial wrong answer) and ``changed_exact`` (``exact`` over the triplets
     whose actions change the state, ``changed`` of them: there a copy scores 0, so this
     is the rate of transitions actually predicted). ``records``: a JSONL file of every
-    prediction.
+    prediction. ``compute``: the precision the engine decodes in (None: ``auto`` on the
+    model's device).
     """
     if not triplets:
         raise ValueError("prediction_accuracy needs at least one triplet")
     if engine is None:
-        engine = Engine(model, tokenizer, dtype=precision_.for_model(precision, model).decode_dtype)
+        engine = Engine(model, tokenizer, dtype=(compute or for_model(model)).decode_dtype)
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=(STOP,))
     generations = engine.generate([prompt_ids(tokenizer, t) for t in triplets], sampling)
     texts = [g.text for g in generations]
@@ -228,23 +229,24 @@ def load_embedder(config: RWMLConfig, required: bool, device: str | torch.device
 
 def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: str | Path, *,
           evaluate_fn: Callable | None = None, resume_from: Path | None = None, progress: bool = True,
-          engine=None, embedder=None) -> list[dict]:
+          engine=None, embedder=None, compute: Compute | None = None) -> list[dict]:
     """RWML's GRPO on ``triplets``; returns the per-step metrics (also ``out/metrics.jsonl``).
 
     ``evaluate_fn(policy, step) -> dict`` is called at the start (not on resume), every
     ``eval_every`` steps and at the end; its numeric entries are logged as ``eval/...``.
     ``resume_from`` is a checkpoint whose weights ``policy`` already holds. ``engine``
     replaces the generation engine (tests script it); ``embedder`` the reward's embedder
-    (loaded from ``config.embedding_model`` when the reward needs one).
+    (loaded from ``config.embedding_model`` when the reward needs one). ``compute``: the
+    device and precision the caller decided (None: ``config.precision`` on the policy's
+    device).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not triplets:
         raise ValueError("no triplets to train on: collect more episodes, or use exploration 'random'")
     torch.manual_seed(config.seed)
-    device = model_device(policy)
-    compute = precision_.for_model(config.precision, policy)
-    autocast = compute.autocast(device)
+    compute = compute or for_model(policy, config.precision)
+    autocast = compute.autocast(model_device(policy))
     actor = config.actor_config()
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=0.0)
@@ -262,7 +264,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     if engine is None:
         engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
     if embedder is None and config.reward == "embedding":
-        embedder = load_embedder(config, required=True, device=device)
+        embedder = load_embedder(config, required=True, device=compute.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     G = config.group_size
     history = []
@@ -340,22 +342,25 @@ def _eval_entries(metrics: dict) -> dict:
 
 
 def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: str | Path, *,
-        resume: bool = False, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+        resume: bool = False, progress: bool = True, log: Callable[[str], None] = print,
+        compute: Compute | None = None) -> dict:
     """The whole RWML stage in ``out``: data, held-out triplets, GRPO, accuracy before/after.
 
     Files: ``triplets.jsonl`` (+ ``.stats.json``), ``eval_triplets.jsonl``, ``eval/step-N.json``
     (+ ``.predictions.jsonl``), ``eval/summary.json`` (before, after, after - before), and
     ``train``'s ``metrics.jsonl``, ``config.json``, ``checkpoint/``. With ``resume`` the
     saved triplets are reused (the filter model was the policy *before* training) and
-    training continues from ``out/checkpoint``, whose weights ``policy`` must hold; the
-    embedder and the filter model load on the policy's device. Returns the summary.
+    training continues from ``out/checkpoint``, whose weights ``policy`` must hold.
+    ``compute``: the device and precision the caller decided (None: ``config.precision`` on
+    the policy's device); the filter model and the embedder load there too. Returns the
+    summary.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = resume_point(out) if resume else None
     needs_embedding = config.reward == "embedding" or (config.filter and config.filter_distance == "embedding")
-    embedder = load_embedder(config, required=needs_embedding, device=model_device(policy))
-    compute = precision_.for_model(config.precision, policy)
+    compute = compute or for_model(policy, config.precision)
+    embedder = load_embedder(config, required=needs_embedding, device=compute.device)
     dtype = compute.decode_dtype
 
     # 1. Training triplets, collected once per run.
@@ -371,8 +376,7 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
         if config.filter:
             filter_engine, filter_tokenizer = engine, tokenizer
             if config.filter_model:
-                filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype,
-                                                         model_device(policy))
+                filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype, compute.device)
                 filter_engine = Engine(filter_lm, filter_tokenizer)
             predict = sampling_predictor(filter_engine, filter_tokenizer, config.max_new_tokens,
                                          seed=config.seed + 1)
@@ -394,14 +398,14 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
     def evaluate_fn(model, step: int) -> dict:
         folder = out / "eval"
         metrics = prediction_accuracy(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens,
-                                      embedder=embedder, tau=config.tau, precision=config.precision,
+                                      embedder=embedder, tau=config.tau, compute=compute,
                                       records=folder / f"step-{step}.predictions.jsonl")
         write_json(folder / f"step-{step}.json", {"step": step, **metrics})
         return metrics
 
     # 3. GRPO, evaluated at the start and at the end.
     train(policy, tokenizer, triplets, config, out, evaluate_fn=evaluate_fn if held_out else None,
-          resume_from=checkpoint, progress=progress, embedder=embedder)
+          resume_from=checkpoint, progress=progress, embedder=embedder, compute=compute)
 
     # 4. Next-state accuracy before and after.
     before, after = (_read(out / "eval" / f"step-{s}.json") for s in (0, config.steps))

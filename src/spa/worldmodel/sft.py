@@ -43,6 +43,7 @@ import torch
 from spa import distributed, heap, interrupt
 from spa import precision as precision_
 from spa.agent.grids import exact_match
+from spa.compute import Compute, for_model
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
 from spa.models.lora import add_lora, is_lora, load_adapter, merged_copy
@@ -167,9 +168,9 @@ def lr_lambda(total_steps: int, warmup_ratio: float):
     return factor
 
 
-def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict], config: SFTConfig
-             ) -> dict:
-    """Held-out masked loss and next-state prediction exact match (greedy).
+def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict], config: SFTConfig,
+             compute: Compute) -> dict:
+    """Held-out masked loss and next-state prediction exact match (greedy), in ``compute``'s precision.
 
     Each process scores its share of the examples and probes; the sums are added, so the
     numbers are those of the whole held-out set.
@@ -177,14 +178,14 @@ def validate(model, tokenizer, examples: list[TokenizedExample], raw: list[dict]
     # Only world-model responses have a next state to write; plain-mode examples are scored by loss alone.
     probe = [e for e in raw if "<prediction>" in e["response"]][: config.val_examples_generate]
     loss, count, hits, probes = distributed.total(*_validation_sums(
-        model, tokenizer, distributed.shard(examples), distributed.shard(probe), config))
+        model, tokenizer, distributed.shard(examples), distributed.shard(probe), config, compute))
     return {"val_loss": loss / max(count, 1), "val_prediction_exact": hits / probes if probes else 0.0,
             "val_examples": len(examples)}
 
 
 @torch.no_grad()
-def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: list[dict], config: SFTConfig
-                     ) -> tuple[float, int, int, int]:
+def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: list[dict], config: SFTConfig,
+                     compute: Compute) -> tuple[float, int, int, int]:
     """Summed held-out loss, its target count, exact next states and probes written."""
     from spa.models.engine import Engine, SamplingParams
 
@@ -193,7 +194,7 @@ def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: 
     total, count = 0.0, 0
     for start in range(0, len(examples), config.batch_size):
         batch = collate(examples[start:start + config.batch_size], tokenizer.pad_token_id)
-        with _autocast(model, config):
+        with compute.autocast(model_device(model)):
             loss, n = masked_lm_loss(model, *on_device(batch, model))
         total, count = total + loss.item(), count + n
     # Next-state prediction: the held-out prompt and response up to <prediction> as the
@@ -204,19 +205,9 @@ def _validation_sums(model, tokenizer, examples: list[TokenizedExample], probe: 
         prefix = example["response"][: example["response"].find("<prediction>") + len("<prediction>")]
         prompts.append(tokenizer(prompt + prefix, add_special_tokens=False)["input_ids"])
     params = SamplingParams(max_new_tokens=config.val_max_new_tokens, temperature=0.0, stop=("</prediction>",))
-    dtype = _precision(model, config).decode_dtype
-    outputs = Engine(generator, tokenizer, dtype=dtype).generate(prompts, params) if prompts else []
+    outputs = Engine(generator, tokenizer, dtype=compute.decode_dtype).generate(prompts, params) if prompts else []
     hits = [exact_match(out.text.split("</prediction>")[0], ex["state_after"]) for out, ex in zip(outputs, probe)]
     return total, count, sum(hits), len(hits)
-
-
-def _precision(model, config: SFTConfig) -> precision_.Precision:
-    return precision_.for_model(config.precision, model)
-
-
-def _autocast(model, config: SFTConfig):
-    """Autocast to the compute precision on the model's device (fp32: none)."""
-    return _precision(model, config).autocast(model_device(model))
 
 
 def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, scheduler, history: list[dict],
@@ -279,19 +270,22 @@ def last_checkpoint(out: Path) -> Path | None:
 
 
 def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | Path,
-          resume_from: Path | None = None, progress: bool = True) -> list[dict]:
+          resume_from: Path | None = None, progress: bool = True, compute: Compute | None = None) -> list[dict]:
     """Run world-model SFT; returns the per-epoch history (also in ``out/metrics.json``).
 
     ``resume_from`` is a checkpoint folder whose weights ``model`` already holds (see
     :func:`resume_model`); its optimizer and scheduler state are restored and training
     continues with the next epoch, or mid-epoch from a ``resume/`` point.
-    ``config.lora_rank > 0`` trains LoRA adapters only.
+    ``config.lora_rank > 0`` trains LoRA adapters only. ``compute``: the device and
+    precision the caller decided (:func:`spa.compute.decide`, from ``config.precision``);
+    None decides ``config.precision`` here, on the model's device.
     Launched on several processes, they train one model together (module docstring).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     model = distributed.place(model)
+    compute = compute or for_model(model, config.precision)
     if config.lora_rank and not is_lora(model):
         model = add_lora(model, config.lora_rank)
     distributed.sync_params(model)
@@ -341,7 +335,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
             for first in range(done, len(batches), config.grad_accum):
                 step_batches = batches[first:first + config.grad_accum]
                 for loss, n, seen in _accumulate(model, train_set, step_batches, targets_of,
-                                                 tokenizer.pad_token_id, config):
+                                                 tokenizer.pad_token_id, config, compute):
                     loss_sum, loss_count, tokens = loss_sum + loss, loss_count + n, tokens + seen
                 distributed.all_reduce_grads(params)
                 torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
@@ -371,7 +365,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
             record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
                       "tokens_per_second": tokens / seconds, "seconds": seconds,
                       "lr": scheduler.get_last_lr()[0], "dropped_too_long": too_long,
-                      **validate(model, tokenizer, val_set, val_raw, config)}
+                      **validate(model, tokenizer, val_set, val_raw, config, compute)}
             history.append(record)
             if distributed.is_main():
                 save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
@@ -381,7 +375,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
 
 
 def _accumulate(model, train_set: list[TokenizedExample], step_batches: list[list[int]], targets_of: list[int],
-                pad_id: int, config: SFTConfig) -> list[tuple[float, int, int]]:
+                pad_id: int, config: SFTConfig, compute: Compute) -> list[tuple[float, int, int]]:
     """Forward and backward this process's share of one optimizer step's micro-batches.
 
     Each loss is divided by the target count of the *whole* step (every micro-batch, on
@@ -393,7 +387,7 @@ def _accumulate(model, train_set: list[TokenizedExample], step_batches: list[lis
     done = []
     for b in distributed.shard(step_batches):
         ids, attention, mask = on_device(collate([train_set[i] for i in b], pad_id), model)
-        with _autocast(model, config):
+        with compute.autocast(model_device(model)):
             loss, n = masked_lm_loss(model, ids, attention, mask)
         (loss / max(targets, 1)).backward()
         done.append((loss.item(), n, int(attention.sum())))
