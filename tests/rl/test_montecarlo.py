@@ -17,7 +17,8 @@ from spa.envs import make
 from spa.envs.base import TextEnv
 from spa.envs.lookahead import continuation_return
 from spa.models.engine import SamplingParams
-from spa.rl.advantages import compute_advantages
+from spa.rl import core
+from spa.rl.advantages import compute_advantages, draw_turns
 from spa.rl.batch import turn_samples, unplayed_span
 from spa.rl.config import PPOConfig
 from spa.rl.montecarlo import action_budgets, policy_advantages, random_advantages, vine_advantages
@@ -216,6 +217,53 @@ def test_training_with_mc_advantages_runs_under_both_losses(tiny, tmp_path, cont
         (step,) = train(copy.deepcopy(model), tokenizer, lake_rollout(), config, tmp_path / algorithm / continuation,
                         progress=False)
         assert "time/lookahead_s" in step and "critic/value_loss" not in step
+
+
+def test_magnitude_draw_is_an_unbiased_estimate_of_the_whole_step():
+    """Over many draws, the drawn turns' advantages, averaged over the draws, average to
+    the advantages averaged over all turns (so a mean loss over the drawn turns estimates the
+    mean loss over all of them); a turn at 0 is never drawn; with as many draws as turns
+    nothing changes."""
+    a = torch.tensor([0.9, -0.3, 0.0, 0.05, -1.2, 0.4])
+    generator = torch.Generator().manual_seed(0)
+    total = torch.zeros_like(a, dtype=torch.float64)
+    trials = 20000
+    for _ in range(trials):
+        chosen, values = core.magnitude_draw(a, 3, generator)
+        assert 2 not in chosen.tolist() and torch.equal(values.sign(), a[chosen].sign())
+        total[chosen] += values.double()
+    assert (total / trials / 3).tolist() == pytest.approx((a / 6).tolist(), abs=0.01)
+    chosen, values = core.magnitude_draw(a, 6, generator)
+    assert chosen.tolist() == list(range(6)) and torch.equal(values, a)
+    # by hand: 2 draws of [0, -3, 0] both land on turn 1: it weighs 2 x -1 x mean |A| = -2
+    chosen, values = core.magnitude_draw(torch.tensor([0.0, -3.0, 0.0]), 2, generator)
+    assert chosen.tolist() == [1] and values.tolist() == pytest.approx([-2.0])
+
+
+def test_draw_turns_keeps_the_drawn_samples_and_refuses_nothing_else():
+    samples = turn_samples([_episode(0, [0.0, 0.0, 0.0], lengths=[2, 3, 4])])
+    for s, a in zip(samples, [0.5, 0.0, -1.0]):
+        s.advantages = torch.full((s.response_length,), a)
+    assert draw_turns(samples, 5, (0, 1)) == samples
+    drawn = draw_turns(samples, 2, (0, 1))
+    assert 1 <= len(drawn) <= 2 and samples[1] not in drawn
+    assert all(torch.all(s.advantages == s.advantages[0]) and s.advantages.numel() == s.response_length
+               for s in drawn)
+    assert draw_turns(samples, 2, (0, 1))[0].turn == drawn[0].turn  # seeded
+    with pytest.raises(ValueError, match="train_turns needs advantage=mc"):
+        PPOConfig(algorithm="grpo", train_turns=8)
+
+
+def test_training_on_drawn_turns_trains_no_more_than_asked(tiny, tmp_path):
+    model, tokenizer = tiny
+    config = PPOConfig(algorithm="grpo", advantage="mc", mc_rollouts=8, train_turns=2, steps=1, groups=2, samples=4,
+                       max_new_tokens=6, minibatch_size=4, micro_batch_size=2, actor_lr=1e-3, tensorboard=False,
+                       precision="fp32")
+    script = [["<answer>Right</answer>", "<answer>Down</answer>"] * 4]
+    (step,) = train(copy.deepcopy(model), tokenizer, lake_rollout(max_turns=1), config, tmp_path / "drawn",
+                    progress=False, engine=ScriptedEngine(tokenizer, script))
+    # 8 first turns, none at 0 (Right wins, Down does not, V is between): 2 draws train 1 or 2 of them
+    assert step["charts/zero_advantage_turns"] == 0 and 1 <= step["charts/train_turns"] <= 2
 
 
 def _turn(actions):

@@ -19,6 +19,7 @@ samples, because it reduces over all of them.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -94,6 +95,24 @@ def _finish(samples: list[Sample], kept: list[Trajectory], config: PPOConfig) ->
     if config.negative_weight != 1.0:
         for s in samples:
             s.advantages = core.weigh_negatives(s.advantages, config.negative_weight)
+
+
+def draw_turns(samples: list[Sample], draws: int, seed: int | tuple[int, ...]) -> list[Sample]:
+    """``draws`` of this process's samples drawn by the size of their advantage
+    (:func:`spa.rl.core.magnitude_draw`, with replacement; ``PPOConfig.train_turns``), in
+    their order, with the advantages that keep the step's gradient unbiased; every sample
+    when there are no more than ``draws``. Each sample's advantage must be one value on
+    all its tokens (``advantage=mc``)."""
+    if draws >= len(samples):
+        return samples
+    first = torch.stack([s.advantages[0] for s in samples])
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
+    chosen, advantages = core.magnitude_draw(first, draws, generator)
+    drawn = []
+    for i, a in zip(chosen.tolist(), advantages.tolist()):
+        samples[i].advantages = torch.full_like(samples[i].advantages, a)
+        drawn.append(samples[i])
+    return drawn
 
 
 def center_actions(samples: list[Sample], trajectories: list[Trajectory]) -> None:

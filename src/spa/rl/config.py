@@ -41,6 +41,12 @@ class PPOConfig:
     mc_rollouts: int = field(default=16, metadata={"help": (
         "advantage=mc: continuations per estimate (random: for Q and for V at every turn; policy: for V "
         "at every state).")})
+    train_turns: int = field(default=0, metadata={"help": (
+        "advantage=mc: train on this many turns a step (0: all), drawn with replacement with probability "
+        "proportional to the size of their advantage, each given sign(A) x (times drawn) x the step's mean |A| "
+        "(spa.rl.core.magnitude_draw): an unbiased estimate of the whole step's gradient at a fixed training "
+        "cost, so a step can play many more episodes than it trains turns (a turn costs about 3x as much to "
+        "train as to play). Split evenly over the processes.")})
     steps: int = 1000  # paper: 1,000
     groups: int = 32  # training seeds per step (paper: 32)
     samples: int = 8  # episodes per seed (paper: 8)
@@ -137,6 +143,9 @@ class PPOConfig:
         if self.mc_continuation not in CONTINUATIONS:
             raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
                              f"{', '.join(CONTINUATIONS)}")
+        if self.train_turns and self.advantage != "mc":
+            raise ValueError("train_turns needs advantage=mc: it draws turns by their own advantage, and the other "
+                             "estimators give every turn of an episode (or a token) its own share of one score")
         if self.advantage == "mc" and self.balance_episodes:
             raise ValueError("balance_episodes does not go with advantage=mc: per-turn advantages need no "
                              "episode weights, and scaling a turn by its episode's length biases the gradient")
@@ -147,7 +156,8 @@ class PPOConfig:
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
                   "warmup_steps": self.warmup_steps >= 0, "mc_rollouts": self.mc_rollouts >= 1,
-                  "target_kl": self.target_kl >= 0, "negative_weight": 0 <= self.negative_weight <= 1,
+                  "target_kl": self.target_kl >= 0, "train_turns": self.train_turns >= 0,
+                  "negative_weight": 0 <= self.negative_weight <= 1,
                   "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
         for name, ok in checks.items():
             if not ok:

@@ -28,7 +28,7 @@ from torch import Tensor
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "broadcast_to_tokens",
     "entropy_from_logits", "episode_balance", "explained_variance", "gae", "get", "group_advantages", "kl_penalty",
-    "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss", "whiten_with",
+    "magnitude_draw", "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss", "whiten_with",
 ]
 
 
@@ -235,6 +235,36 @@ def weigh_negatives(advantages: Tensor, weight: float) -> Tensor:
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"negative weight {weight!r} must be from 0 to 1")
     return torch.where(advantages < 0, advantages * weight, advantages)
+
+
+def magnitude_draw(advantages: Tensor, draws: int, generator: torch.Generator | None = None
+                   ) -> tuple[Tensor, Tensor]:
+    """Which turns to train and their new advantages: ``draws`` draws with replacement,
+    turn i with probability ``|A_i| / sum_j |A_j|``; returns the indices drawn (each once,
+    ascending) and their advantages ``c_i * sign(A_i) * mean_j |A_j|``, with ``c_i`` the
+    times turn i was drawn.
+
+    A draw lands on turn i with probability ``|A_i| / S`` (``S = sum_j |A_j|``), so
+    ``E[sign(A) g]`` over one draw is ``sum_i A_i g_i / S``, and the mean over the draws of
+    ``sign(A) g * S / N`` is an unbiased estimate of the mean over all N turns of ``A g``:
+    a mean loss over the drawn turns (the trainer's token-mean, when the turns are about as
+    long as each other) estimates the whole step's at the cost of ``draws`` turns. Turns with a large advantage carry most of a step's signal, and per-turn
+    Monte-Carlo advantages leave many turns near 0: training on all of them buys little,
+    and training costs about 3x the rollout a turn (docs/rl.md).
+
+    advantages: (N,) one advantage per turn. With ``draws >= N``, or all advantages 0,
+    every turn is returned unchanged.
+    """
+    n = advantages.numel()
+    magnitude = advantages.abs().double()
+    total = float(magnitude.sum())
+    if draws >= n or total == 0.0:
+        return torch.arange(n), advantages.clone()
+    picks = torch.multinomial(magnitude / total, draws, replacement=True, generator=generator)
+    counts = torch.bincount(picks, minlength=n)
+    chosen = counts.nonzero()[:, 0]
+    scale = total / n
+    return chosen, (counts[chosen] * advantages[chosen].sign() * scale).to(advantages.dtype)
 
 
 def key_means(sums: Tensor, counts: Tensor, keys: Tensor, num_keys: int) -> Tensor:

@@ -58,7 +58,7 @@ from spa.models.device import model_device, on_device
 from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
-from spa.rl.advantages import compute_advantages
+from spa.rl.advantages import compute_advantages, draw_turns
 from spa.rl.batch import (Sample, collate, loss_masks, pad_responses, policy_forward,
                           turn_samples)
 from spa.rl.config import ALGORITHMS, ESTIMATORS, PPOConfig  # noqa: F401 (re-exported)
@@ -294,7 +294,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             phases = {"time/rollout_s": rollout_seconds}
             # 2. Which turns train. Per-turn Monte-Carlo advantages: every turn whose
             # advantage is not 0, in every group (a group whose samples all played the same
-            # losing move is pushed down, not dropped). Otherwise: drop the flat groups and
+            # losing move is pushed down, not dropped), or train_turns of them drawn by the
+            # size of their advantage. Otherwise: drop the flat groups and
             # keep those whose samples disagree most (ranked over all processes' groups).
             turn_values = None
             if config.advantage == "mc":
@@ -304,6 +305,11 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 samples = [s for s in turn_samples(kept, tokenizer, config.state_tokens_in_loss)
                            if turn_values[s.episode][s.turn] != 0.0]
                 metrics["charts/zero_advantage_turns"] = sum(v == 0.0 for vs in turn_values for v in vs)
+                with _timed(phases, "time/advantages_s"):
+                    metrics.update(compute_advantages(samples, kept, None, config, pad_id, autocast, turn_values))
+                if config.train_turns:  # the turns that carry the step's signal, by its size
+                    rank, world = distributed.world()
+                    samples = draw_turns(samples, -(-config.train_turns // world), (config.seed, step, rank))
             else:
                 kept_ids = top_groups(dict(distributed.gather(list(group_spread(trajectories).items()))),
                                       config.keep_fraction, config.drop_flat_groups)
@@ -315,9 +321,9 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # checkpointed.
             if table:
                 # 3. Advantages, where the episodes are: whole groups live on one process.
-                with _timed(phases, "time/advantages_s"):
-                    metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast,
-                                                      turn_values))
+                if config.advantage != "mc":
+                    with _timed(phases, "time/advantages_s"):
+                        metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
                 # 4. Update.
                 rng = np.random.default_rng([config.seed, step])
                 with _timed(phases, "time/actor_s"):
