@@ -1,3 +1,4 @@
+import inspect
 import json
 
 import pytest
@@ -7,6 +8,7 @@ from scripted import ScriptedEngine
 from spa import heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa.cli.iterate import iterate as iterate_command
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import TRAINER_STATE
 from spa.models import load_model
@@ -39,7 +41,7 @@ def scripted(monkeypatch):
 
 def config(**overrides):
     sft = SFTConfig(epochs=1, val_fraction=0.0, lr=1e-3, batch_size=2, precision="fp32")
-    return IterateConfig(**{"rounds": 2, "episodes": 2, "samples": 2, "sft": sft, **overrides})
+    return IterateConfig(**{"rounds": 2, "episodes": 2, "samples": 2, "sft": sft, "keep": "winners", **overrides})
 
 
 def evaluate_fn(lm, tokenizer, folder):
@@ -106,6 +108,8 @@ def test_a_round_without_a_winner_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_config_errors_name_the_value():
+    # one default: the reward's own per-turn label, in the config and on spa iterate's --keep
+    assert IterateConfig().keep == "value" == inspect.signature(iterate_command).parameters["keep"].default.default
     with pytest.raises(ValueError, match="keep='all' is not allowed; valid: winners, best"):
         IterateConfig(keep="all")
     with pytest.raises(ValueError, match="episodes=10 must be a positive multiple of samples=4"):

@@ -74,7 +74,7 @@ class IterateConfig:
     rounds: int = 3
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
-    keep: str = "winners"  # winners | best | best_prefix | best_grounded | value
+    keep: str = "value"  # value | winners | best | best_prefix | best_grounded
     value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.envs.lookahead
     value_horizon: int = SelfPlayConfig.value_horizon
     value_tolerance: float = SelfPlayConfig.value_tolerance
