@@ -250,7 +250,7 @@ def magnitude_draw(advantages: Tensor, draws: int, generator: torch.Generator | 
     a mean loss over the drawn turns (the trainer's token-mean, when the turns are about as
     long as each other) estimates the whole step's at the cost of ``draws`` turns. Turns with a large advantage carry most of a step's signal, and per-turn
     Monte-Carlo advantages leave many turns near 0: training on all of them buys little,
-    and training costs about 3x the rollout a turn (docs/rl.md).
+    and training a turn costs about 8x playing it on a CPU (docs/rl.md).
 
     advantages: (N,) one advantage per turn. With ``draws >= N``, or all advantages 0,
     every turn is returned unchanged.
