@@ -576,7 +576,7 @@ def scripted_rounds(monkeypatch, rounds: int) -> list[str]:
     from scripted import ScriptedEngine
     from spa.rl import expert_iteration
 
-    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, max_batch_size=None, dtype=None:
                         ScriptedEngine(tokenizer, [[WIN, LOSE]], model=model))
     return ["env.options={desc: SFG/FHF/FFF, is_slippery: false}", "prompt.max_turns=1", "prompt.max_actions=2",
             f"iterate.rounds={rounds}", "iterate.episodes=2", "iterate.samples=2", "iterate.max_new_tokens=8",
@@ -697,7 +697,7 @@ def test_vagen_with_expert_iteration_learns_only_the_states_it_got_right(preset,
     lake.step("Right")
     lake.step("Right")
     grounded, guessed = wm("Right || Right", before, lake.state_text()), wm("Right || Right", before, before)
-    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, max_batch_size=None, dtype=None:
                         ScriptedEngine(tokenizer, [[grounded, guessed]], model=model))
     folder = tmp_path / "vagen-iterate"
     Run(load_recipe(CONFIGS / "frozenlake-vagen-iterate.yaml", overrides, preset=str(preset)), folder,

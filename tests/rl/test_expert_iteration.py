@@ -28,11 +28,12 @@ def load(name):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """Every round's sampler answers: sample 0 wins, sample 1 does not; counts the rounds played."""
+    """Every round's sampler answers: sample 0 wins, sample 1 does not; records each round's
+    engine batch (one entry per round played)."""
     played = []
 
-    def engine(model, tokenizer, dtype=None):
-        played.append(1)
+    def engine(model, tokenizer, max_batch_size=None, dtype=None):
+        played.append(max_batch_size)
         return ScriptedEngine(tokenizer, [[WIN, LOSE]], model=model)
 
     monkeypatch.setattr(expert_iteration, "Engine", engine)
@@ -100,8 +101,22 @@ def test_more_rounds_after_a_finished_run_train_only_the_new_ones(tmp_path, scri
     assert trained == [tmp_path / "round-2" / "sft"] and len(scripted) == 2
 
 
+def test_rounds_play_with_the_engine_batch_and_runs_from_before_it_resume(tmp_path, scripted):
+    run("tiny", load, config(rounds=1, engine_batch=3), ROLLOUT, tmp_path / "three")
+    assert scripted == [3]
+    run("tiny", load, config(rounds=1), ROLLOUT, tmp_path / "old")
+    settings = tmp_path / "old" / "settings.json"  # as a run started before the key existed wrote it
+    saved = json.loads(settings.read_text())
+    del saved["iterate"]["engine_batch"]
+    settings.write_text(json.dumps(saved))
+    run("tiny", load, config(rounds=2), ROLLOUT, tmp_path / "old")  # the missing key reads as its default
+    assert scripted == [3, 64, 64]
+    with pytest.raises(ValueError, match="started with other iterate settings"):  # it changes the samples
+        run("tiny", load, config(rounds=3, engine_batch=5), ROLLOUT, tmp_path / "old")
+
+
 def test_a_round_without_a_winner_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, dtype=None:
+    monkeypatch.setattr(expert_iteration, "Engine", lambda model, tokenizer, max_batch_size=None, dtype=None:
                         ScriptedEngine(tokenizer, [[LOSE, LOSE]], model=model))
     with pytest.raises(RuntimeError, match="round-1 kept no turn: none of 2 episodes passed keep='winners'"):
         run("tiny", load, config(), ROLLOUT, tmp_path)
@@ -116,6 +131,8 @@ def test_config_errors_name_the_value():
         IterateConfig(episodes=10)
     with pytest.raises(ValueError, match="rounds=0"):
         IterateConfig(rounds=0)
+    with pytest.raises(ValueError, match="engine_batch=0"):
+        IterateConfig(engine_batch=0)
 
 
 def test_every_stage_returns_its_memory_to_the_system(tmp_path, scripted, monkeypatch):

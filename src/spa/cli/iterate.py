@@ -73,7 +73,7 @@ def iterate(
     rollout = RolloutConfig(env, parse_options(option), prompt)
     load_fp32 = partial(load, chosen=compute, master=True)
     eval_config = EvalConfig(env, parse_options(option), prompt, max(eval_levels, 1), eval_samples,
-                             max_new_tokens=config.max_new_tokens)
+                             max_new_tokens=config.max_new_tokens, engine_batch=config.engine_batch)
 
     def evaluate_fn(lm, tokenizer, folder: Path) -> dict:
         return evaluate(lm, tokenizer, eval_config, folder, model_name=model, label=f"{folder.parent.name} eval",

@@ -74,7 +74,7 @@ def selfplay(
         if bootstrap_episodes:
             model = _bootstrapped(model, config, bootstrap_episodes, precision_name, compute)
         lm, tokenizer = load(model, compute)
-        engine = Engine(lm, tokenizer)
+        engine = Engine(lm, tokenizer, max_batch_size=config.engine_batch)
     start = time.perf_counter()
     log = TurnLog(Path(out).with_suffix(".partial.jsonl"))  # rerun the command to resume an interrupted play
     with turn_progress("self-play", config.max_turns, engine=engine) as on_turn, log:
@@ -202,11 +202,14 @@ def rl(
     base = dict(algorithm=algorithm, steps=steps, groups=groups, samples=samples, eval_every=eval_every,
                 precision=precision_name)
     config = settings(PPOConfig, base, set_)
+    try:  # before the model loads: PPOConfig's own checks predate the field
+        eval_config = EvalConfig(env, parse_options(option), prompt, eval_levels, eval_samples,
+                                 max_new_tokens=config.max_new_tokens, engine_batch=config.engine_batch)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     compute = decide(device, config.precision)
     rollout_config = RolloutConfig(env, parse_options(option), prompt)
     checkpoint, lm, tokenizer = load_for_training(model, out, resume, compute)
-    eval_config = EvalConfig(env, parse_options(option), prompt, eval_levels, eval_samples,
-                             max_new_tokens=config.max_new_tokens)
 
     def evaluate_fn(policy, step: int) -> dict:
         return evaluate(policy, tokenizer, eval_config, Path(out) / "eval" / f"step-{step}", model_name=model,

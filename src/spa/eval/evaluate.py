@@ -25,7 +25,7 @@ from spa.agent.seeds import eval_seeds
 from spa.agent.turnlog import TurnLog
 from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
-from spa.models.engine import Engine, SamplingParams
+from spa.models.engine import DEFAULT_BATCH, Engine, SamplingParams, check_batch
 from spa.progress import turn_progress
 
 #: The finished turns of an evaluation in progress, in its output folder (spa.agent.turnlog).
@@ -46,6 +46,12 @@ class EvalConfig:
     max_new_tokens: int = 400  # per turn (paper: 400)
     format_penalty: float = -0.1
     seed: int = 0  # sampling seed
+    # prompts the generation engine decodes together (spa.models.engine.DEFAULT_BATCH: a GPU
+    # wants more); seeded samples differ between batch sizes
+    engine_batch: int = DEFAULT_BATCH
+
+    def __post_init__(self) -> None:
+        check_batch(self.engine_batch)
 
 
 def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = None,
@@ -56,7 +62,7 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     ``dtype`` decodes in another precision than the model's (a trainer's fp32 weights in bf16);
     ``label`` names the evaluation in its progress line (default ``eval ENV``).
     """
-    engine = Engine(model, tokenizer, dtype=dtype)
+    engine = Engine(model, tokenizer, max_batch_size=config.engine_batch, dtype=dtype)
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                               top_p=config.top_p, seed=config.seed)
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt,

@@ -38,7 +38,7 @@ from spa.models.device import model_device
 from spa.models.kv import cache_arg, returned_cache
 from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
 
-__all__ = ["Engine", "Generation", "SamplingParams", "sample_next"]
+__all__ = ["DEFAULT_BATCH", "Engine", "Generation", "SamplingParams", "check_batch", "sample_next"]
 
 # Drop finished rows from the batch once at least this fraction of it has finished:
 # compaction copies the KV cache (about the cost of one step's attention), so it is
@@ -47,6 +47,14 @@ COMPACT_FRACTION = 0.125
 # Top-p first looks for the nucleus among this many top tokens; a full sort of the
 # vocabulary (slow on CPU: ~50 ms for 64 x 49k) only runs for rows whose nucleus is wider.
 TOP_P_CANDIDATES = 64
+# Prompts decoded together (a call with more runs them in chunks of this many). 64 is
+# where a 2-core CPU's decoder runs its linear layers near peak (docs/agents.md,
+# "Generation engine"). A GPU wants more: on an H100 with SmolLM2-135M, batch 256 gave
+# about 4.4x the tokens/s of batch 64 (10,694 against 2,440), but that is one model on one
+# GPU, so the batch is a setting (``engine_batch`` of the configs that build an engine)
+# rather than a CUDA default. A different batch draws the sampling's random numbers in a
+# different order, so seeded samples differ between batch sizes.
+DEFAULT_BATCH = 64
 
 
 @dataclass
@@ -87,10 +95,9 @@ class Engine:
     on a CPU, and a progress display (:func:`spa.progress.turn_progress`) shows it move.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, max_batch_size: int = 64,
+    def __init__(self, model: nn.Module, tokenizer, max_batch_size: int = DEFAULT_BATCH,
                  dtype: torch.dtype | None = None):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        check_batch(max_batch_size, "max_batch_size")
         self.model = model
         self.dtype = dtype  # decoding precision of the fast path; None: the model's own
         self.tokenizer = tokenizer
@@ -401,6 +408,12 @@ def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
             continue
         ids.update([source] if isinstance(source, int) else list(source))
     return ids
+
+
+def check_batch(value: int, name: str = "engine_batch") -> None:
+    """The configs' ``engine_batch`` check, at load time rather than when the engine is built."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be an integer >= 1 (prompts the generation engine decodes together)")
 
 
 def _check_params(params: SamplingParams) -> None:

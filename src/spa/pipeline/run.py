@@ -198,11 +198,11 @@ class Run:
                                 max_turns=r.prompt.max_turns, max_actions_per_turn=r.prompt.max_actions,
                                 max_new_tokens=s.max_new_tokens, states=s.states, exploration=exploration,
                                 coords=s.coords, seed=r.stage_seed(s), mode=mode,
-                                exploration_actions=exploration_actions)
+                                exploration_actions=exploration_actions, engine_batch=s.engine_batch)
         engine = tokenizer = None
         if exploration == "self_play":
             lm, tokenizer = self.load(model)
-            engine = Engine(lm, tokenizer)
+            engine = Engine(lm, tokenizer, max_batch_size=config.engine_batch)
         with TurnLog(out.with_suffix(".partial.jsonl")) as log:  # an interrupted play resumes from its last turn
             examples, stats = build_examples(collect(engine, tokenizer, config, log=log), config)
         write_jsonl(out, examples)
@@ -229,7 +229,8 @@ class Run:
     def _eval_config(self, mode: str) -> EvalConfig:
         r = self.recipe
         return EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(mode), r.eval.num_envs, r.eval.samples,
-                          r.eval.temperature, max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
+                          r.eval.temperature, max_new_tokens=r.eval.max_new_tokens, seed=r.seed,
+                          engine_batch=r.eval.engine_batch)
 
     def _evaluate(self, model: str, name: str) -> dict:
         """Evaluate ``model`` in the RL mode (and world_model mode when asked) into
@@ -316,7 +317,7 @@ class Run:
         config = replace(r.ppo, seed=r.stage_seed(r.ppo), precision=r.stage_precision(r.ppo))
         probe = EvalConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode),
                            num_envs=max(1, r.eval.num_envs // 4), samples=r.eval.samples,
-                           max_new_tokens=r.eval.max_new_tokens, seed=r.seed)
+                           max_new_tokens=r.eval.max_new_tokens, seed=r.seed, engine_batch=r.eval.engine_batch)
 
         compute = self.stage_compute(r.ppo)
 

@@ -131,7 +131,7 @@ class PPOConfig:
     seed: int = 0
     engine_batch: int = field(default=64, metadata={"help": (
         "Prompts the generation engine decodes together (>= 1; spa.models.engine.DEFAULT_BATCH). A GPU "
-        "wants more: on an H100 with SmolLM2-135M, 256 gave about 4.2x the tokens/s of 64. Seeded samples "
+        "wants more: on an H100 with SmolLM2-135M, 256 gave about 4.4x the tokens/s of 64. Seeded samples "
         "differ between batch sizes; checked by spa.rl.ppo.train.")})
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])

@@ -43,11 +43,11 @@ from spa import heap
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
 from spa.compute import Compute, for_model
-from spa.config import to_dict
+from spa.config import to_dict, with_defaults
 from spa.eval.metrics import pct_with_interval
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
-from spa.models.engine import Engine
+from spa.models.engine import DEFAULT_BATCH, Engine, check_batch
 from spa.progress import turn_progress
 from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
@@ -83,8 +83,10 @@ class IterateConfig:
     temperature: float = 1.0
     seed: int = 0  # sampling seed of round 1; round r uses seed + r - 1
     sft: SFTConfig = field(default_factory=_one_epoch_sft)
+    engine_batch: int = DEFAULT_BATCH  # prompts decoded together while playing (spa.models.engine)
 
     def __post_init__(self) -> None:
+        check_batch(self.engine_batch)
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds} must be at least 1")
         if self.keep not in KEEP or self.keep == "all":
@@ -105,7 +107,7 @@ def selfplay_config(config: IterateConfig, rollout: RolloutConfig, round_: int) 
         max_actions_per_turn=rollout.prompt.max_actions_per_turn, max_new_tokens=config.max_new_tokens,
         temperature=config.temperature, seed=config.seed + round_ - 1, mode=rollout.prompt.mode, keep=config.keep,
         value_rollouts=config.value_rollouts, value_horizon=config.value_horizon,
-        value_tolerance=config.value_tolerance)
+        value_tolerance=config.value_tolerance, engine_batch=config.engine_batch)
 
 
 def run(model: str, load: Loader, config: IterateConfig, rollout: RolloutConfig, out: str | Path,
@@ -148,6 +150,8 @@ def _check_settings(path: Path, settings: dict) -> None:
     """Record a run's settings; a resumed run must have the same ones (rounds may grow)."""
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
+        # a key added since the run started reads as its default, which kept the old behaviour
+        saved["iterate"] = with_defaults(IterateConfig, saved["iterate"])
         saved["iterate"]["rounds"] = settings["iterate"]["rounds"]
         changed = [key for key in settings if saved.get(key) != settings[key]]
         if changed:
@@ -164,7 +168,8 @@ def _play(model: str, load: Loader, config: IterateConfig, play: SelfPlayConfig,
     if stats_path.is_file():  # written after the data, so both are complete
         return json.loads(stats_path.read_text(encoding="utf-8"))
     lm, tokenizer = load(model)
-    engine = Engine(lm, tokenizer, dtype=(compute or for_model(lm, config.sft.precision)).decode_dtype)
+    engine = Engine(lm, tokenizer, max_batch_size=config.engine_batch,
+                    dtype=(compute or for_model(lm, config.sft.precision)).decode_dtype)
     log = TurnLog(data.with_name(PLAY_PARTIAL))  # an interrupted play resumes from its last finished turn
     with turn_progress(f"{data.parent.name} play", play.max_turns, engine=engine) as on_turn, log:
         trajectories = collect(engine, tokenizer, play, on_turn=on_turn, log=log)

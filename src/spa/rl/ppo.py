@@ -55,7 +55,7 @@ from spa.compute import for_model
 from spa.eval.metrics import summarize
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
-from spa.models.engine import Engine, SamplingParams
+from spa.models.engine import Engine, SamplingParams, check_batch
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages, draw_turns
@@ -239,6 +239,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     ``config.precision`` on the policy's device.
     Launched on several processes, they train one policy together (module docstring).
     """
+    check_batch(config.engine_batch)  # PPOConfig's own checks predate the field
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
@@ -271,7 +272,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
         write_json(out / "config.json", {"ppo": asdict(config), "rollout": asdict(rollout_config)})
     logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard) if main else _NoLogger()
     if engine is None:
-        engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
+        engine = Engine(policy, tokenizer, max_batch_size=config.engine_batch, dtype=compute.decode_dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:

@@ -9,6 +9,7 @@ from typing import ClassVar
 from spa import precision as precision_
 from spa.rl import core
 from spa.rl.config import PPOConfig
+from spa.models.engine import DEFAULT_BATCH
 from spa.rl.rewards import EMBEDDING_TAU, get_reward
 from spa.worldmodel.selfplay import EXPLORATION
 
@@ -72,6 +73,7 @@ class RWMLConfig:
     precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     tensorboard: bool = True
     seed: int = 0
+    engine_batch: int = DEFAULT_BATCH  # prompts the generation engine decodes together (spa.models.engine)
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
 
@@ -96,6 +98,7 @@ class RWMLConfig:
             "temperature": self.temperature > 0, "top_p": 0 < self.top_p <= 1,
             "max_new_tokens": self.max_new_tokens >= 1, "eval_seeds": self.eval_seeds >= 0,
             "eval_every": self.eval_every >= 0, "save_every": self.save_every >= 1,
+            "engine_batch": self.engine_batch >= 1,
         }
         hints = {"episodes": f" (a positive multiple of samples={self.samples})",
                  "group_size": " (GRPO compares at least 2 predictions)", "temperature": " (GRPO samples)"}

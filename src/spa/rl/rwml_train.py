@@ -262,7 +262,7 @@ def train(policy, tokenizer, triplets: list[Triplet], config: RWMLConfig, out: s
     write_json(out / "config.json", {"rwml": asdict(config), "triplets": len(triplets), "data": data})
     logger = MetricsLogger(out, resume_step=start, tensorboard=config.tensorboard)
     if engine is None:
-        engine = Engine(policy, tokenizer, dtype=compute.decode_dtype)
+        engine = Engine(policy, tokenizer, max_batch_size=config.engine_batch, dtype=compute.decode_dtype)
     if embedder is None and config.reward == "embedding":
         embedder = load_embedder(config, required=True, device=compute.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -371,13 +371,13 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
     else:
         if checkpoint is not None:
             log(f"{data_path} is missing: collecting with the checkpoint's policy")
-        engine = Engine(policy, tokenizer, dtype=dtype)
+        engine = Engine(policy, tokenizer, max_batch_size=config.engine_batch, dtype=dtype)
         predict = None
         if config.filter:
             filter_engine, filter_tokenizer = engine, tokenizer
             if config.filter_model:
                 filter_lm, filter_tokenizer = load_model(config.filter_model, compute.dtype, compute.device)
-                filter_engine = Engine(filter_lm, filter_tokenizer)
+                filter_engine = Engine(filter_lm, filter_tokenizer, max_batch_size=config.engine_batch)
             predict = sampling_predictor(filter_engine, filter_tokenizer, config.max_new_tokens,
                                          seed=config.seed + 1)
         triplets, stats = collect_triplets(env, env_config, config, engine, tokenizer, predict, embedder)
@@ -397,8 +397,9 @@ def run(policy, tokenizer, env: str, env_config: dict, config: RWMLConfig, out: 
 
     def evaluate_fn(model, step: int) -> dict:
         folder = out / "eval"
+        engine = Engine(model, tokenizer, max_batch_size=config.engine_batch, dtype=compute.decode_dtype)
         metrics = prediction_accuracy(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens,
-                                      embedder=embedder, tau=config.tau, compute=compute,
+                                      embedder=embedder, tau=config.tau, engine=engine,
                                       records=folder / f"step-{step}.predictions.jsonl")
         write_json(folder / f"step-{step}.json", {"step": step, **metrics})
         return metrics

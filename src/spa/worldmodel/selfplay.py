@@ -55,6 +55,7 @@ from spa.agent.rollout import RolloutConfig, rollout
 from spa.agent.seeds import train_seeds
 from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.turnlog import TurnLog
+from spa.models.engine import DEFAULT_BATCH, check_batch
 from spa.envs import env_class, env_names, has_solver, lists_actions, make
 from spa.progress import Bar
 
@@ -94,9 +95,11 @@ class SelfPlayConfig:
     value_rollouts: int = 128  # keep="value": random continuations per action and state
     value_horizon: int = 5  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best
+    engine_batch: int = DEFAULT_BATCH  # prompts decoded together while playing (spa.models.engine)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
+        check_batch(self.engine_batch)
         if self.mode != "world_model" and self.exploration == "self_play" and self.keep == "all":
             raise ValueError(f"mode={self.mode!r} with exploration='self_play' needs keep='winners' or 'best' "
                              "(or exploration='random' or 'oracle'): unfiltered self-play data is world-model "
