@@ -122,8 +122,13 @@ def sync_params(module: torch.nn.Module) -> None:
     every process must start from the same weights (a seed-dependent init, a checkpoint
     read from a different disk) for the summed gradients to keep them equal."""
     if world()[1] > 1:
+        params = list(module.parameters())
         with torch.no_grad():
-            broadcast([p.data for p in module.parameters()], from_process=0)
+            broadcast([p.data for p in params], from_process=0)
+            # a write through .data bumps no version counter; the generation engine keeps
+            # its fused weights while the counters stand still (spa.models.llama_decoder)
+            for p in params:
+                torch.autograd.graph.increment_version(p)
 
 
 def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:

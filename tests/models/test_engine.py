@@ -342,6 +342,86 @@ def test_engine_uses_current_weights(lm, prompts):
     assert [g.token_ids for g in after] == hf_greedy(model, tokenizer, prompts, 20)
 
 
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts the fused-weight builds of every engine."""
+    from spa.models import engine as engine_module
+
+    count = []
+
+    class Counting(engine_module.LlamaWeights):
+        def __init__(self, *args, **kwargs):
+            count.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "LlamaWeights", Counting)
+    return count
+
+
+def test_fused_weights_are_built_once_while_the_weights_stand_still(lm, prompts, builds):
+    model, tokenizer = lm
+    engine = Engine(model, tokenizer)
+    first = engine.generate(prompts, GREEDY)
+    engine.generate(prompts[:2], SamplingParams(max_new_tokens=5, seed=0))
+    assert engine.generate(prompts, GREEDY) == first
+    assert len(builds) == 1
+    engine.dtype = torch.bfloat16  # another decoding precision is another build
+    engine.generate(prompts[:1], GREEDY)
+    assert len(builds) == 2
+    engine.release_weights()
+    engine.generate(prompts[:1], GREEDY)
+    assert len(builds) == 3
+
+
+def test_an_optimizer_step_reaches_the_next_generation(lm, prompts, builds):
+    """The trainer's loop: generate, step the optimizer, generate again with the new weights."""
+    model, tokenizer = lm
+    model = copy.deepcopy(model)
+    engine = Engine(model, tokenizer)
+    before = engine.generate(prompts, GREEDY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    ids = torch.tensor([prompts[1] + before[1].token_ids])
+    model(ids, labels=torch.roll(ids, 1)).loss.backward()  # any loss that moves every weight
+    optimizer.step()
+    after = engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    assert [g.token_ids for g in after] == hf_greedy(model, tokenizer, prompts, 20)
+    assert len(builds) == 2
+    state = copy.deepcopy(model.state_dict())
+    model.load_state_dict({k: v * 1.5 if v.dim() == 2 else v for k, v in state.items()})
+    scaled = engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in scaled] == hf_greedy(model, tokenizer, prompts, 20) != [g.token_ids for g in after]
+    assert len(builds) == 3
+
+
+def test_replaced_and_synced_weights_reach_the_next_generation(lm, prompts, monkeypatch):
+    """A tensor replaced whole changes the key; a write through .data bumps no version counter,
+    so spa.distributed.sync_params (which writes so) bumps the counters itself."""
+    from spa import distributed
+
+    model, tokenizer = lm
+    model = copy.deepcopy(model)
+    engine = Engine(model, tokenizer)
+    before = engine.generate(prompts, GREEDY)
+    layer = model.model.layers[0].self_attn
+    layer.q_proj.weight.data = layer.q_proj.weight.data * 4.0
+    replaced = engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in replaced] == hf_greedy(model, tokenizer, prompts, 20)
+    assert [g.token_ids for g in replaced] != [g.token_ids for g in before]
+
+    def broadcast(tensors, from_process):  # another process's weights, written through .data
+        gen = torch.Generator().manual_seed(1)
+        for t in tensors:
+            t.add_(0.1 * torch.randn(t.shape, generator=gen))
+
+    monkeypatch.setattr(distributed, "world", lambda: (1, 2))
+    monkeypatch.setattr(distributed, "broadcast", broadcast)
+    distributed.sync_params(model)
+    synced = engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in synced] == hf_greedy(model, tokenizer, prompts, 20)
+    assert [g.token_ids for g in synced] != [g.token_ids for g in replaced]
+
+
 def test_decoding_dtype_equals_a_model_in_that_dtype(lm, prompts):
     """A trainer keeps fp32 weights and samples in bf16: same tokens and log-probs as a
     bf16 copy of the model, and the fp32 parameters stay untouched."""

@@ -14,8 +14,10 @@ Two backends do the forward passes:
   ~6x faster (the shared system prompt is run once), decode steps ~3x.
 * Any other causal LM uses :class:`HFSession`, the model's own forward with its cache.
 
-Both read the model's current weights on every call (training updates them in place
-between calls): nothing derived from the weights is kept across ``generate()`` calls.
+Both use the model's current weights on every call (training updates them in place
+between calls). The fast path's fused copies of them are kept from one call to the next
+until a weight changes (:func:`~spa.models.llama_decoder.weights_key`: torch's version
+counters see every optimizer step), so a rollout's turns build them once per update.
 
 Sampling, stop strings, end-of-sequence and batch compaction are handled here, the same
 way for both backends. Prefill, decode steps and sampling run under profiler labels
@@ -36,7 +38,7 @@ from torch.profiler import record_function
 from spa.heap import tune_malloc
 from spa.models.device import model_device
 from spa.models.kv import cache_arg, returned_cache
-from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem
+from spa.models.llama_decoder import LlamaSession, LlamaWeights, fast_path_problem, weight_sources, weights_key
 
 __all__ = ["DEFAULT_BATCH", "Engine", "Generation", "SamplingParams", "check_batch", "sample_next"]
 
@@ -93,6 +95,9 @@ class Engine:
     when set, is called after each batch of ``max_batch_size`` prompts with (prompts
     answered so far, prompts of the call): one call answering 1,600 prompts takes minutes
     on a CPU, and a progress display (:func:`spa.progress.turn_progress`) shows it move.
+
+    The fast path's fused weights are kept between calls, about one copy of the model in the
+    decoding precision, until a weight changes; :meth:`release_weights` frees them.
     """
 
     def __init__(self, model: nn.Module, tokenizer, max_batch_size: int = DEFAULT_BATCH,
@@ -106,8 +111,26 @@ class Engine:
         self.fast_problem = fast_path_problem(model)
         self.fast = self.fast_problem is None
         self.on_chunk: Callable[[int, int], None] | None = None
+        # (key, fused weights, their sources): the sources are held so that a replaced
+        # tensor's storage cannot be freed and reused at the same address under the key
+        self._weights: tuple[tuple, LlamaWeights, list[Tensor]] | None = None
         if model_device(model).type == "cpu":
             tune_malloc()
+
+    def release_weights(self) -> None:
+        """Drop the kept decoding weights: frees their memory, and the next call rebuilds
+        them. Needed after writes torch's version counters miss (``p.data.copy_(...)``);
+        optimizer steps, ``copy_`` and ``load_state_dict`` are seen without it."""
+        self._weights = None
+
+    def _fast_weights(self) -> LlamaWeights:
+        """The fused decoding weights of the model as it is now, built only if it changed."""
+        sources = weight_sources(self.model)
+        key = weights_key(sources, self.dtype)
+        if self._weights is None or self._weights[0] != key:
+            self._weights = None  # the stale copies go before the new ones are made
+            self._weights = (key, LlamaWeights(self.model, self.dtype), [t.detach() for t in sources])
+        return self._weights[1]
 
     def decode_dtype(self) -> torch.dtype:
         """The precision the decoding runs in (a resumed rollout must use the same one)."""
@@ -137,7 +160,7 @@ class Engine:
         self.model.eval()  # no dropout in the generic path
         bar = _progress_bar(len(prompts), progress)
         try:
-            weights = LlamaWeights(self.model, self.dtype) if fast else None  # current weights, fused
+            weights = self._fast_weights() if fast else None
             results: list[Generation] = []
             for lo in range(0, len(prompts), self.max_batch_size):
                 chunk = [list(p) for p in prompts[lo : lo + self.max_batch_size]]

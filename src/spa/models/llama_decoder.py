@@ -22,7 +22,9 @@ network, reading the Hugging Face module weights (so it always uses the model's
 * **Grouped-query attention as batched matmuls**: queries of the ``G`` heads that share
   a kv-head are stacked as the rows of one matmul, so K/V are never repeated.
 * **Fused QKV and gate/up projections**, prepacked for oneDNN (fp32, and bf16 on CPUs
-  with native bf16), rebuilt for every ``generate()`` call (~0.1 s for SmolLM2-135M).
+  with native bf16). Building them takes ~0.1 s for SmolLM2-135M; the engine keeps them
+  until a source tensor changes (:func:`weights_key`), since the weights change only when
+  a trainer steps its optimizer while a rollout calls ``generate()`` once per turn.
 * **Prefill in micro-batches sorted by length** (little padding, attention scores
   that fit in cache), and identical prompts (samples of one prompt) prefilled once.
 * **Batch compaction**: the caller drops finished rows with :meth:`LlamaSession.keep`.
@@ -128,12 +130,46 @@ class _Layer:
         self.down = _Linear(cast(mlp.down_proj.weight), cast(mlp.down_proj.bias), pack)
 
 
+def weight_sources(model: nn.Module) -> list[Tensor]:
+    """Every tensor :class:`LlamaWeights` reads from ``model`` (weights, biases, norms)."""
+    inner = model.model
+    head = model.get_output_embeddings()
+    sources = [inner.embed_tokens.weight, head.weight, head.bias, inner.norm.weight]
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        sources += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                       mlp.down_proj):
+            sources += [linear.weight, linear.bias]
+    return [t for t in sources if t is not None]
+
+
+def weights_key(sources: list[Tensor], dtype: torch.dtype | None) -> tuple:
+    """What :class:`LlamaWeights` built from ``sources`` depends on: equal keys, same weights.
+
+    Per tensor its storage address, shape, dtype and device, and its version counter,
+    which torch bumps on every in-place write it sees (optimizer steps, ``copy_``,
+    ``load_state_dict``); a tensor replaced whole (``module.to``, ``p.data = ...``) has
+    another address as long as the old storage is alive, so the caller keeps the sources
+    referenced with the weights. Writes torch cannot see (through ``p.data``, or raw
+    pointers) bump no counter: their authors call ``torch.autograd.graph.increment_version``
+    (:func:`spa.distributed.sync_params` does) or the engine's ``release_weights``.
+    """
+    return (dtype, PACK) + tuple((t.data_ptr(), _version(t), t.shape, t.dtype, t.device) for t in sources)
+
+
+def _version(t: Tensor) -> int | object:
+    # a tensor made under inference_mode has no version counter: a fresh object never
+    # compares equal, so such weights are rebuilt on every call (as they always were)
+    return object() if t.is_inference() else t._version
+
+
 class LlamaWeights:
     """A Llama-family model's current weights, laid out for decoding.
 
-    Build one per ``generate()`` call: the fused tensors are copies, so they would go
-    stale when training updates the parameters in place. ``dtype`` decodes in another
-    precision than the model's (a trainer keeps fp32 master weights but samples in bf16,
+    The fused tensors are copies, so they go stale when training updates the parameters
+    in place: the engine keeps one only while :func:`weights_key` is unchanged. ``dtype``
+    decodes in another precision than the model's (a trainer keeps fp32 master weights but samples in bf16,
     about 4x faster on CPU); ``None`` keeps the model's.
     """
 
@@ -203,7 +239,7 @@ class _Linear:
     oneDNN's linear on a weight reordered once into its blocked layout beats ``F.linear``
     at decode shapes: in bf16 on CPUs with AVX-512 BF16 by 15-35% (64 x 576 x 49152: 10 ms
     instead of 14), and in fp32 on AVX-512 and AVX2 CPUs alike (docs/agents.md, "Generation
-    engine"). The packed copy is made per ``generate()`` call, like the fused weights.
+    engine"). The packed copy lives as long as the fused weights (:class:`LlamaWeights`).
     Anything else (fp16, bf16 without native support, GPU, no oneDNN) uses ``F.linear``.
     """
 
