@@ -258,6 +258,58 @@ def test_compaction_keeps_rows_independent(lm, monkeypatch):
     assert [g.token_ids for g in generic] == [g.token_ids for g in alone]
 
 
+@pytest.mark.parametrize("grow", [None, 1], ids=["cache-grows-in-blocks", "cache-grows-every-step"])
+def test_overlapped_steps_give_the_same_outputs_bit_for_bit(lm, monkeypatch, grow):
+    """With overlap (the CUDA default) each step is launched before the host reads the tokens
+    of the step before, and taken back when the batch shrinks: tokens, texts, log-probs and
+    finish reasons must equal those without it, for sampling, top-p and greedy, with stop
+    strings, eos and compactions (with GROW = 1 every compaction falls on a cache growth)."""
+    from spa.models import llama_decoder
+
+    model, tokenizer = lm
+    if grow is not None:
+        monkeypatch.setattr(llama_decoder, "GROW", grow)
+    prompts = [chat(tokenizer, f"Prompt number {i} " + "x" * i) for i in range(12)]
+    engine = Engine(model, tokenizer, max_batch_size=5)
+    assert not engine.overlap  # a CPU model: one thread would do both
+    # end-of-sequence tokens that rows of the sampled and the greedy runs meet at different steps
+    for free in (engine.generate(prompts, SamplingParams(max_new_tokens=30, stop=(), seed=3)),
+                 engine.generate(prompts, SamplingParams(max_new_tokens=30, temperature=0.0, stop=()))):
+        engine.eos_token_ids |= {g.token_ids[1 + i % 6] for i, g in enumerate(free[:4])}
+    taken_back = []
+    unstep = llama_decoder.LlamaSession.unstep
+    monkeypatch.setattr(llama_decoder.LlamaSession, "unstep", lambda self: (taken_back.append(1), unstep(self)))
+    reasons = set()
+    for params in (SamplingParams(max_new_tokens=40, seed=3, stop=("an", "</answer>")),
+                   SamplingParams(max_new_tokens=40, temperature=0.7, top_p=0.9, seed=4, stop=("be",)),
+                   SamplingParams(max_new_tokens=40, temperature=0.0, stop=("xy",))):
+        engine.overlap = False
+        plain = engine.generate(prompts, params)
+        engine.overlap = True
+        assert engine.generate(prompts, params) == plain
+        reasons |= {g.finish_reason for g in plain}
+    assert reasons == {"eos", "stop", "length"} and taken_back  # compactions happened under overlap
+    engine.fast = False  # the generic path (whose session cannot take a step back) does not overlap
+    engine.overlap = False
+    plain = engine.generate(prompts, params)
+    engine.overlap = True
+    assert engine.generate(prompts, params) == plain
+
+
+def test_a_step_taken_back_leaves_the_session_as_before(lm, prompts):
+    from spa.models.llama_decoder import LlamaSession, LlamaWeights
+
+    model, tokenizer = lm
+    session = LlamaSession(LlamaWeights(model), prompts, 8)
+    tokens = session.prefill().argmax(-1)
+    before = (session.length, session.next_pos.clone(), session.bias.clone())
+    logits = session.step(tokens)
+    session.unstep()
+    assert session.length == before[0] and torch.equal(session.next_pos, before[1])
+    assert torch.equal(session.bias[..., : before[2].shape[-1]], before[2])
+    assert torch.equal(session.step(tokens), logits)
+
+
 def test_max_new_tokens_gives_length(lm, prompts):
     model, tokenizer = lm
     engine = Engine(model, tokenizer)

@@ -95,6 +95,12 @@ class Engine:
     when set, is called after each batch of ``max_batch_size`` prompts with (prompts
     answered so far, prompts of the call): one call answering 1,600 prompts takes minutes
     on a CPU, and a progress display (:func:`spa.progress.turn_progress`) shows it move.
+    ``overlap`` (default: on a CUDA model) launches each decode step of the fast path before
+    the host reads the tokens of the step before: the GPU computes while the host checks
+    stop strings, instead of idling through every step's bookkeeping. A step whose batch
+    then shrinks is taken back and run again on the rows kept, so the outputs are the same
+    bit for bit either way (a test holds them together), at the cost of one wasted step
+    per compaction and per chunk; on a CPU one thread does both, so it would only waste.
 
     The fast path's fused weights are kept between calls, about one copy of the model in the
     decoding precision, until a weight changes; :meth:`release_weights` frees them.
@@ -110,6 +116,7 @@ class Engine:
         self.eos_token_ids: set[int] = _eos_ids(model, tokenizer)
         self.fast_problem = fast_path_problem(model)
         self.fast = self.fast_problem is None
+        self.overlap = model_device(model).type == "cuda"
         self.on_chunk: Callable[[int, int], None] | None = None
         # (key, fused weights, their sources): the sources are held so that a replaced
         # tensor's storage cannot be freed and reused at the same address under the key
@@ -188,6 +195,7 @@ class Engine:
         texts: list[str | None] = [None] * n
         rows = list(range(n))  # prompt index of each row of the session's batch
         alive = [True] * n  # per session row: still generating
+        overlap = self.overlap and isinstance(session, LlamaSession)  # which can take a step back
         with record_function("spa.prefill"):
             logits = session.prefill()
         for step in range(params.max_new_tokens):
@@ -195,8 +203,15 @@ class Engine:
                 next_tokens, next_logprobs = sample_next(
                     logits, params.temperature, params.top_p, generator
                 )
-            tok_list, lp_list = next_tokens.tolist(), next_logprobs.tolist()
             last_step = step + 1 == params.max_new_tokens
+            on_host = _copy_to_host(next_tokens, next_logprobs)
+            ahead = None  # the next step's logits
+            if overlap and not last_step:
+                # launched before the host reads these tokens: the device works through
+                # the bookkeeping below
+                with record_function("spa.step"):
+                    ahead = session.step(next_tokens)
+            tok_list, lp_list = on_host()
             check = []  # prompt indices whose text may now contain a stop string
             for j, i in enumerate(rows):
                 if not alive[j]:
@@ -220,14 +235,21 @@ class Engine:
                 break
             dead = alive.count(False)
             if dead >= max(1, COMPACT_FRACTION * len(rows)):
+                if ahead is not None:
+                    # run again below on the rows kept: a matmul's rounding can depend on
+                    # its row count, and the outputs must not depend on overlap
+                    session.unstep()
+                    ahead = None
                 keep = [j for j, a in enumerate(alive) if a]
-                index = torch.tensor(keep, device=device)
+                index = torch.tensor(keep).to(device, non_blocking=True)  # no wait for the device
                 session.keep(index)
                 next_tokens = next_tokens.index_select(0, index)
                 rows = [rows[j] for j in keep]
                 alive = [True] * len(rows)
-            with record_function("spa.step"):
-                logits = session.step(next_tokens)
+            if ahead is None:
+                with record_function("spa.step"):
+                    ahead = session.step(next_tokens)
+            logits = ahead
         out = []
         for i in range(n):
             text = texts[i]
@@ -325,6 +347,26 @@ def _nucleus(sorted_logp: Tensor, top_p: float) -> Tensor:
     p = sorted_logp.exp()
     mass_above = p.cumsum(-1) - p
     return mass_above < top_p
+
+
+def _copy_to_host(*tensors: Tensor) -> Callable[[], list[list]]:
+    """Start copying ``tensors`` to the host; the returned function waits for the copies
+    and gives them as lists. From a CUDA device the copy goes into pinned memory without
+    blocking the host, so work queued after it runs on while the host waits (an event
+    marks where the copies end); elsewhere it is an ordinary copy (none from the CPU)."""
+    cuda = tensors[0].is_cuda
+    copies = [t.to("cpu", non_blocking=cuda) for t in tensors]
+    done = None
+    if cuda:
+        done = torch.cuda.Event()
+        done.record()
+
+    def lists() -> list[list]:
+        if done is not None:
+            done.synchronize()
+        return [c.tolist() for c in copies]
+
+    return lists
 
 
 # -- stop strings ----------------------------------------------------------------------

@@ -338,8 +338,8 @@ def _shared_prefix_len(prompts: list[list[int]]) -> int:
 class LlamaSession:
     """One batch of prompts being decoded: its KV caches and positions.
 
-    Usage: ``logits = s.prefill()``, then ``logits = s.step(next_tokens)`` per token, and
-    ``s.keep(rows)`` to drop finished sequences. Logits are ``[B, V]`` in the model
+    Usage: ``logits = s.prefill()``, then ``logits = s.step(next_tokens)`` per token,
+    ``s.keep(rows)`` to drop finished sequences and ``s.unstep()`` to take a step back. Logits are ``[B, V]`` in the model
     dtype, for the rows still kept, in order.
 
     Cache layout per layer: the shared prefix ``[kv, P, D]`` (one copy for the batch) and
@@ -531,6 +531,14 @@ class LlamaSession:
         self.length += 1
         self.next_pos += 1
         return self._logits(x)
+
+    @torch.inference_mode()
+    def unstep(self) -> None:
+        """Take back the last :meth:`step`: its cache column is hidden again and written
+        anew by the next step (the capacity it may have grown stays, as it would have)."""
+        self.length -= 1
+        self.next_pos -= 1
+        self.bias[:, :, :, self.length] = float("-inf")
 
     def _grow(self) -> None:
         """Add ``GROW`` zeroed columns to every cache (zeros: masked, and 0 * 0 is no NaN)."""
