@@ -16,6 +16,7 @@ warm-up call, not timed; with ``--repeats`` the two alternate and medians are re
     python bench/generation.py --model tiny --dtype fp32 --new-tokens 16   # smoke run
     python bench/generation.py --skip-hf --profile  # and where the engine's time goes
     python bench/generation.py --model DIR --random-init --device cuda     # a GPU, random weights
+    python bench/generation.py --model DIR --random-init --device cuda --batch 64 128 256  # a sweep
 
 The precision is ``auto`` unless ``--dtype`` says otherwise: bf16 where the hardware
 computes it natively, fp32 elsewhere (``spa.precision``); the JSON names the precision
@@ -23,6 +24,13 @@ used, why, and torch's CPU capability. ``--random-init`` builds the model from D
 ``config.json`` with random weights (DIR needs only the config and tokenizer files),
 for machines the real weights cannot reach; throughput does not depend on the weights
 (both sides generate exactly ``--new-tokens`` tokens).
+
+``--batch`` takes one size or several: each is the number of prompts and the engine's batch
+(``engine_batch``), and a sweep prints the shared fields once and one entry per size under
+``runs``. The warm-up call builds the engine's fused weights, which it keeps (as it does
+between a rollout's turns), so the timed runs do not rebuild them. ``--no-overlap`` turns off
+the engine's overlap of decode steps with the host's bookkeeping (on by default for a CUDA
+model, off on a CPU; ``spa.models.engine.Engine``), to compare the two on a GPU.
 
 ``--profile`` runs the engine once more under ``torch.profiler`` and adds a breakdown:
 seconds in prefill, decode steps, sampling and the rest (host bookkeeping: stop
@@ -205,6 +213,53 @@ def summary(seconds: list[float], generated: int) -> dict:
     }
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a batch size (>= 1)")
+    return value
+
+
+def run_batch(args, model, tokenizer, batch: int) -> dict:
+    """One batch size: ``batch`` prompts through the engine (batch ``batch``) and, unless
+    ``--skip-hf``, through ``model.generate``."""
+    prompts = make_prompts(tokenizer, batch, args.seed)
+    lengths = [len(p) for p in prompts]
+    engine = Engine(model, tokenizer, max_batch_size=batch)
+    engine.eos_token_ids = set()  # generate exactly --new-tokens, like min_new_tokens
+    engine.overlap = engine.overlap and not args.no_overlap
+    generated = batch * args.new_tokens
+
+    run_engine(engine, prompts[:2], 4, args.seed)  # warm-up
+    if not args.skip_hf:
+        run_hf(model, tokenizer, prompts[:2], 4, args.seed)  # warm-up
+    engine_s, hf_s = [], []
+    for _ in range(args.repeats):  # alternated, so that both see the same machine state
+        engine_s.append(run_engine(engine, prompts, args.new_tokens, args.seed))
+        if not args.skip_hf:
+            hf_s.append(run_hf(model, tokenizer, prompts, args.new_tokens, args.seed))
+    result = {
+        "batch": batch,
+        "prompt_tokens": {
+            "min": min(lengths),
+            "max": max(lengths),
+            "mean": round(sum(lengths) / len(lengths), 1),
+            "shared_prefix": shared_prefix(prompts),
+        },
+        "engine": summary(engine_s, generated)
+        | {"path": "llama fast path" if engine.fast else f"generic ({engine.fast_problem})",
+           "overlap": engine.overlap},
+    }
+    if not args.skip_hf:
+        result["hf_generate"] = summary(hf_s, generated) | {
+            "attn_implementation": model.config._attn_implementation
+        }
+        result["speedup"] = round(statistics.median(hf_s) / statistics.median(engine_s), 2)
+    if args.profile:
+        result["engine_profile"] = profile_engine(engine, prompts, args.new_tokens, args.seed)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -212,7 +267,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--random-init", action="store_true",
                         help="random weights of MODEL's architecture (MODEL: a folder with config.json)")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=positive, nargs="+", default=[64],
+                        help="prompts, and the engine's batch; several sizes: a sweep (default 64)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
@@ -220,6 +276,8 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="time the engine only")
     parser.add_argument("--no-pack", action="store_true",
                         help="the engine's linear layers unpacked (F.linear), the path before fp32 prepacking")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="no overlap of decode steps with the host's bookkeeping (the CUDA default)")
     parser.add_argument(
         "--profile", action="store_true", help="add where the engine's time goes (one more run)"
     )
@@ -231,20 +289,6 @@ def main() -> None:
         llama_decoder.PACK = False
     chosen = precision.decide(args.dtype, args.device)
     model, tokenizer = load_bench_model(args.model, chosen.dtype, args.device, args.random_init)
-    prompts = make_prompts(tokenizer, args.batch, args.seed)
-    lengths = [len(p) for p in prompts]
-    engine = Engine(model, tokenizer, max_batch_size=args.batch)
-    engine.eos_token_ids = set()  # generate exactly --new-tokens, like min_new_tokens
-    generated = args.batch * args.new_tokens
-
-    run_engine(engine, prompts[:2], 4, args.seed)  # warm-up
-    if not args.skip_hf:
-        run_hf(model, tokenizer, prompts[:2], 4, args.seed)  # warm-up
-    engine_s, hf_s = [], []
-    for _ in range(args.repeats):  # alternated, so that both see the same machine state
-        engine_s.append(run_engine(engine, prompts, args.new_tokens, args.seed))
-        if not args.skip_hf:
-            hf_s.append(run_hf(model, tokenizer, prompts, args.new_tokens, args.seed))
     result = {
         "model": args.model,
         "dtype": chosen.name,
@@ -259,26 +303,12 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "batch": args.batch,
-        "prompt_tokens": {
-            "min": min(lengths),
-            "max": max(lengths),
-            "mean": round(sum(lengths) / len(lengths), 1),
-            "shared_prefix": shared_prefix(prompts),
-        },
         "new_tokens": args.new_tokens,
         "sampling": "temperature 1, top_p 1, eos and stop strings disabled",
         "repeats": args.repeats,
-        "engine": summary(engine_s, generated)
-        | {"path": "llama fast path" if engine.fast else f"generic ({engine.fast_problem})"},
     }
-    if not args.skip_hf:
-        result["hf_generate"] = summary(hf_s, generated) | {
-            "attn_implementation": model.config._attn_implementation
-        }
-        result["speedup"] = round(statistics.median(hf_s) / statistics.median(engine_s), 2)
-    if args.profile:
-        result["engine_profile"] = profile_engine(engine, prompts, args.new_tokens, args.seed)
+    runs = [run_batch(args, model, tokenizer, batch) for batch in args.batch]
+    result |= runs[0] if len(runs) == 1 else {"runs": runs}
     print(json.dumps(result, indent=2))
 
 

@@ -32,6 +32,17 @@ def test_generation_bench_prints_ratio_and_profile():
     assert profile["phases_s"]["host_other"] >= -0.005
 
 
+def test_generation_bench_sweeps_batch_sizes():
+    result = bench_json([sys.executable, str(BENCH), "--model", "tiny", "--dtype", "fp32", "--batch", "1", "3",
+                         "--new-tokens", "2", "--skip-hf", "--no-overlap"])
+    assert [run["batch"] for run in result["runs"]] == [1, 3] and "batch" not in result
+    assert all(run["engine"]["tokens_per_s"] > 0 and run["engine"]["overlap"] is False for run in result["runs"])
+    assert result["new_tokens"] == 2 and result["dtype"] == "fp32"
+    bad = subprocess.run([sys.executable, str(BENCH), "--model", "tiny", "--batch", "0"], capture_output=True,
+                         text=True, timeout=600)
+    assert bad.returncode == 2 and "0 is not a batch size" in bad.stderr
+
+
 def test_benchmarks_choose_the_precision_by_default_and_say_what_they_ran_on():
     from spa import precision
 
