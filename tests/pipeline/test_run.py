@@ -622,7 +622,7 @@ def test_expert_iteration_settings_are_checked_when_the_recipe_loads():
         load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["iterate.keep=all"])
     with pytest.raises(ValueError, match="rl 'magic' is not known; valid: ppo, iterate"):
         load_recipe(CONFIGS / "frozenlake-spa.yaml", ["rl=magic"])
-    with pytest.raises(ValueError, match="iterate.keep='winners' with method 'vagen'.*best_grounded"):
+    with pytest.raises(ValueError, match="iterate.keep='value' with method 'vagen'.*best_grounded"):
         load_recipe(CONFIGS / "frozenlake-vagen.yaml", ["rl=iterate"])
     with pytest.raises(ValueError, match="best_grounded needs the world-model prompt in RL .*'base'"):
         load_recipe(CONFIGS / "frozenlake-spa-iterate.yaml", ["iterate.keep=best_grounded"])
