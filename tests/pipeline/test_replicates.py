@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from spa.agent.keep import KEEP
 from spa.eval.metrics import bootstrap_difference
 from spa.eval.paired import signed_pct_with_interval
 from spa.pipeline.layout import eval_dir
 from spa.rl.expert_iteration import LABEL
-from spa.worldmodel.selfplay import KEEP
 from spa.pipeline.replicates import (SEED_KEYS, difference_table, group_runs, group_table, recipe_key, seeds_of,
                                      spread_table, variants)
 

@@ -257,7 +257,7 @@ def test_keep_best_drops_a_turn_from_a_state_without_a_solution(tiny, monkeypatc
     only an environment without a solver is an error."""
     from dataclasses import replace
 
-    from spa.worldmodel import selfplay
+    from spa.agent import keep
 
     _, tokenizer = tiny
     config = SelfPlayConfig(env="frozenlake", env_config={"desc": "SFG/FHF/FFF", "is_slippery": False},
@@ -266,7 +266,7 @@ def test_keep_best_drops_a_turn_from_a_state_without_a_solution(tiny, monkeypatc
     played[1].turns[0] = replace(played[1].turns[0], best_first=None, best_run=None)  # as from a dead end
     examples, stats = build_examples(played, config)
     assert [e["sample"] for e in examples] == [0] and stats["dropped_by_filter"] == 1
-    monkeypatch.setattr(selfplay, "has_solver", lambda name: False)
+    monkeypatch.setattr(keep, "has_solver", lambda name: False)
     with pytest.raises(ValueError, match="keep='best' needs a solver, and frozenlake has none"):
         build_examples(played, config)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from spa.agent.keep import LABELLED, keep_help
 from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PrecisionOption,
                             SetOption, app, console, decide, example, load, make_env, mode_option, parse_options,
                             prompt_config, settings)
@@ -21,17 +22,10 @@ def iterate(
     rounds: int = typer.Option(3, min=1, help="Rounds of play, filter and SFT."),
     episodes: int = typer.Option(1600, min=1, help="Episodes played per round (a multiple of --samples)."),
     samples: int = typer.Option(4, min=1, help="Episodes per level."),
-    keep: str = typer.Option("value", help="Turns trained on, by a label per turn. value (the default): the "
-                                           "first action is best by Monte-Carlo value, the task's reward under "
-                                           "random continuation on copies of the environment; no solver; its "
-                                           "settings, here at their defaults: --set value_rollouts=128 --set "
-                                           "value_horizon=5 --set value_tolerance=0; needs an environment that "
-                                           "lists its actions (not sudoku). winners: the turns of episodes that "
-                                           "succeeded (the task's reward alone). best: the first action begins a "
-                                           "shortest solution (a solver's label; every iterate recipe uses it). "
-                                           "best_prefix: those, the answer cut to its leading best actions. "
-                                           "best_grounded: the best turns, own observation and prediction in the "
-                                           "loss only where right (--mode world_model)."),
+    keep: str = typer.Option("value", help="Turns trained on, by a label per turn: " + keep_help(LABELLED)
+                             + " value's settings, here at their defaults: --set value_rollouts=128 --set "
+                               "value_horizon=5 --set value_tolerance=0. The iterate recipes use best "
+                               "(vagen's: best_grounded)."),
     max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
     max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
     lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from spa.agent.keep import KEEP, keep_help
 from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
                             PrecisionOption, SetOption, app, console, decide, example, load, load_for_training,
                             make_env, mode_option, parse_options, prompt_config, settings)
@@ -32,11 +33,8 @@ def selfplay(
     mode: str = mode_option("world_model", "self-play writes world-model data (observation and prediction "
                             "replaced by the true states); base or state write none (random or oracle "
                             "exploration, or self-play with --keep)"),
-    keep: str = typer.Option("all", help="Turns kept: all, winners (of successful episodes), best (first "
-                                         "action on a shortest solution), best_prefix (those, answer cut to "
-                                         "its leading best actions), best_grounded (best, own states in the loss "
-                                         "only where right) or value (first action best by Monte-Carlo value: "
-                                         "the task's reward under random continuation): rejection sampling."),
+    keep: str = typer.Option("all", help="Turns kept, by a label per turn (any but all is rejection sampling "
+                                         "on the model's own responses): " + keep_help(KEEP)),
     bootstrap_episodes: int = typer.Option(0, min=0, help="Format bootstrap before the play: one SFT epoch on "
                                            "this many random-exploration episodes with the true states, as spa "
                                            "run and spa demo do (cached in $SPA_HOME/demo). The default model "

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from spa import compute, precision
+from spa.agent.keep import FILTERS, LABELLED, keep_help
 from spa.config import load, read_yaml
 from spa.models.engine import DEFAULT_BATCH, check_batch
 from spa.models.loading import DEFAULT_MODEL
@@ -158,11 +159,8 @@ class IterateSection:
         "help": "Episodes played per round (a multiple of samples)."})
     samples: int = field(default=IterateConfig.samples, metadata={"help": "Episodes per training level."})
     keep: str = field(default=IterateConfig.keep, metadata={
-        "help": "Turns trained on: winners (of episodes that succeeded: the task's reward), best (first action "
-                "on a shortest solution: a solver's label), best_prefix (those, answer cut to its leading best "
-                "actions) or best_grounded (best turns, own observation and prediction in the loss only where right; "
-                "world-model prompt; vagen's reward) or value (first action best by Monte-Carlo value: the task's "
-                "reward under random continuation; no solver)."})
+        "help": "Turns trained on, by a label per turn: " + keep_help(LABELLED) + " Method vagen needs "
+                "best_grounded."})
     value_rollouts: int = field(default=IterateConfig.value_rollouts, metadata={
         "help": "keep: value: random continuations per action and state."})
     value_horizon: int = field(default=IterateConfig.value_horizon, metadata={
@@ -261,12 +259,16 @@ class Recipe:
                              f"prompt.max_actions) or 1..{self.prompt.max_actions}")
         if self.prompt.mode and self.prompt.mode not in ("base", "state", "world_model"):
             raise ValueError(f"prompt.mode {self.prompt.mode!r} is not one of base, state, world_model")
-        if self.rl == "iterate" and self.iterate.keep == "best_grounded" and self.rl_mode != "world_model":
-            raise ValueError(f"iterate.keep: best_grounded needs the world-model prompt in RL (prompt.mode "
-                             f"{self.rl_mode!r} writes no observation or prediction to check)")
-        if self.rl == "iterate" and self.iterate.keep == "value":
-            check_value_settings(self.env.name, self.iterate.value_rollouts, self.iterate.value_horizon,
-                                 self.iterate.value_tolerance)
+        if self.rl == "iterate":  # spa iterate's checks of the label, at load time rather than after SFT
+            label = FILTERS[self.iterate.keep]
+            if self.rl_mode not in label.modes:
+                prompts = " or ".join(mode.replace("_", "-") for mode in label.modes)
+                raise ValueError(f"iterate.keep: {label.name} needs the {prompts} prompt in RL (prompt.mode "
+                                 f"{self.rl_mode!r} {label.modes_why})")
+            label.check_env(self.env.name)
+            if label.signal == "value":
+                check_value_settings(self.iterate.value_rollouts, self.iterate.value_horizon,
+                                     self.iterate.value_tolerance)
 
     def stage_precision(self, stage: SFTConfig | PPOConfig | RWMLConfig) -> str:
         """A stage's own precision where it sets one, else the recipe's."""

@@ -18,6 +18,7 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from spa.agent.keep import FILTERS  # noqa: E402
 from spa.eval.metrics import pct_with_interval  # noqa: E402
 from spa.eval.paired import compare_evaluations, signed_pct_with_interval  # noqa: E402
 from spa.io import atomic_write_text  # noqa: E402
@@ -364,10 +365,8 @@ def _recipe_summary(config_text: str) -> dict:
 
 
 #: What each expert-iteration filter makes of the rounds: imitation of a solver, the
-#: reward's own Monte-Carlo values, or the episode's outcome.
-ROUND_LEARNERS = {"best": "solver-label rounds", "best_prefix": "solver-label rounds",
-                  "best_grounded": "solver-label rounds", "value": "Monte-Carlo-value rounds",
-                  "winners": "winner rounds"}
+#: reward's own Monte-Carlo values, or the episode's outcome (``KeepFilter.learner``).
+ROUND_LEARNERS = {name: label.learner for name, label in FILTERS.items() if label.learner}
 
 
 def learner_name(recipe: dict) -> str:

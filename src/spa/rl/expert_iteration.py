@@ -1,8 +1,9 @@
 """Expert iteration: rounds of self-play filtered by the task's reward, then SFT on what passed.
 
 Each round the current policy plays fresh training levels at temperature 1. The turns that
-pass the filter become SFT examples with the model's own response (its answer rewritten to
-the actions played), and one SFT run on them gives the next round's policy:
+pass the filter (a per-turn label of :mod:`spa.agent.keep`) become SFT examples with the
+model's own response (its answer rewritten to the actions played), and one SFT run on them
+gives the next round's policy:
 
 * ``keep="winners"``: the turns of episodes that succeeded, i.e. the environment's sparse
   reward and nothing else (rejection-sampling fine-tuning: STaR, ReST, RAFT);
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from spa import heap
+from spa.agent.keep import FILTERS, LABELLED, keep_filter
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
 from spa.compute import Compute, for_model
@@ -49,14 +51,13 @@ from spa.eval.paired import compare_evaluations, signed_pct_with_interval
 from spa.io import write_json, write_jsonl
 from spa.models.engine import DEFAULT_BATCH, Engine, check_batch
 from spa.progress import turn_progress
-from spa.worldmodel.selfplay import KEEP, SelfPlayConfig, build_examples, collect
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
 from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
 
 #: The per-turn signal each ``keep`` filter trains on: the episode's outcome (the task's
 #: sparse reward), a solver's shortest solutions, or Monte-Carlo values of the task's reward.
 #: ``spa compare`` pairs and pools runs of expert iteration only with runs of the same signal.
-LABEL = {"winners": "outcome", "best": "solver", "best_prefix": "solver", "best_grounded": "solver",
-         "value": "value"}
+LABEL = {name: FILTERS[name].signal for name in LABELLED}
 TRAJECTORIES = "trajectories.jsonl"  # beside an evaluation's metrics.json
 PLAY_PARTIAL = "play.partial.jsonl"  # a round's finished turns while it plays (spa.agent.turnlog)
 Loader = Callable[[str], tuple[Any, Any]]  # model name or folder -> (fp32 model, tokenizer)
@@ -74,7 +75,7 @@ class IterateConfig:
     rounds: int = 3
     episodes: int = 1600  # per round
     samples: int = 4  # episodes per level
-    keep: str = "value"  # value | winners | best | best_prefix | best_grounded
+    keep: str = "value"  # a filtering label of spa.agent.keep: value | winners | best | best_prefix | best_grounded
     value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.envs.lookahead
     value_horizon: int = SelfPlayConfig.value_horizon
     value_tolerance: float = SelfPlayConfig.value_tolerance
@@ -89,8 +90,7 @@ class IterateConfig:
         check_batch(self.engine_batch)
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds} must be at least 1")
-        if self.keep not in KEEP or self.keep == "all":
-            raise ValueError(f"keep={self.keep!r} is not allowed; valid: {', '.join(KEEP[1:])}")
+        keep_filter(self.keep, LABELLED)  # a round that kept every turn would learn from no label
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
 

@@ -22,7 +22,8 @@ that prompt mode, with a short reasoning and the actions and no state text in th
 response: the format bootstrap of the methods whose RL prompt has no world model, so
 that every method starts RL from the same format competence.
 
-``keep`` filters the turns that become examples, which turns self-play into rejection
+``keep`` filters the turns that become examples by a per-turn label (the labels, and what
+each needs, are the registry :mod:`spa.agent.keep`), which turns self-play into rejection
 sampling (expert iteration): ``winners`` keeps the turns of episodes that succeeded (the
 task's own sparse reward), ``best`` the turns whose first action begins a shortest
 solution (a solver's label), ``best_prefix`` the same turns with the answer cut to its
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from spa.agent.grids import grid_cells, state_match
+from spa.agent.keep import FILTERS, LABELLED, keep_filter
 from spa.agent.labels import label_turns
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
@@ -56,13 +58,12 @@ from spa.agent.seeds import train_seeds
 from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.turnlog import TurnLog
 from spa.models.engine import DEFAULT_BATCH, check_batch
-from spa.envs import env_class, env_names, has_solver, lists_actions, make
+from spa.envs import env_class, make
 from spa.progress import Bar
 
 STATES = ("ground_truth", "self_belief")
 EXPLORATION = ("self_play", "random", "oracle")
 COORDS = ("true", "random")
-KEEP = ("all", "winners", "best", "best_prefix", "best_grounded", "value")
 
 _COORD = re.compile(r"\((\d+),\s*(\d+)\)")
 
@@ -89,9 +90,7 @@ class SelfPlayConfig:
     drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
     seed: int = 0  # sampling / random-exploration seed
     mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
-    keep: str = "all"  # all | winners (of successful episodes) | best (best first action) | best_prefix
-    #                    | best_grounded (best, own states in the loss only where right)
-    #                    | value (first action best by Monte-Carlo value: spa.envs.lookahead)
+    keep: str = "all"  # a label of spa.agent.keep: all | winners | best | best_prefix | best_grounded | value
     value_rollouts: int = 128  # keep="value": random continuations per action and state
     value_horizon: int = 5  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best
@@ -100,30 +99,27 @@ class SelfPlayConfig:
     def __post_init__(self) -> None:
         check_mode(self.mode)
         check_batch(self.engine_batch)
-        if self.mode != "world_model" and self.exploration == "self_play" and self.keep == "all":
-            raise ValueError(f"mode={self.mode!r} with exploration='self_play' needs keep='winners' or 'best' "
-                             "(or exploration='random' or 'oracle'): unfiltered self-play data is world-model "
-                             "data (observation and prediction to correct)")
-        if self.keep == "best_prefix" and self.mode == "world_model":
-            raise ValueError("keep='best_prefix' needs mode='base' or 'state': a cut answer would no longer "
-                             "match the prediction of the state after all its actions")
-        if self.keep == "best_grounded" and self.mode != "world_model":
-            raise ValueError(f"keep='best_grounded' needs mode='world_model' (mode={self.mode!r} writes no "
-                             "observation or prediction to check)")
-        if self.keep == "best_grounded" and self.coords != "true":
-            raise ValueError(f"coords={self.coords!r} does not apply to keep='best_grounded', which trains the "
-                             "model's own states and replaces none")
-        for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS),
-                              ("keep", KEEP)):
+        for name, allowed in (("states", STATES), ("exploration", EXPLORATION), ("coords", COORDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; valid: {', '.join(allowed)}")
+        label = keep_filter(self.keep)
+        if self.mode != "world_model" and self.exploration == "self_play" and not label.filters:
+            labels = " or ".join(repr(name) for name in LABELLED if self.mode in FILTERS[name].modes)
+            raise ValueError(f"mode={self.mode!r} with exploration='self_play' needs keep={labels} "
+                             "(or exploration='random' or 'oracle'): unfiltered self-play data is world-model "
+                             "data (observation and prediction to correct)")
+        label.check_mode(self.mode)
+        if label.own_states and self.coords != "true":
+            raise ValueError(f"coords={self.coords!r} does not apply to keep={self.keep!r}, which trains the "
+                             "model's own states and replaces none")
         if self.episodes < 1 or self.samples < 1 or self.episodes % self.samples:
             raise ValueError(f"episodes={self.episodes} must be a positive multiple of samples={self.samples}")
         if not 0 <= self.exploration_actions <= self.max_actions_per_turn:
             raise ValueError(f"exploration_actions={self.exploration_actions} must be 0 (up to max_actions_per_turn) "
                              f"or 1..{self.max_actions_per_turn}, the most actions a turn")
-        if self.keep == "value":
-            check_value_settings(self.env, self.value_rollouts, self.value_horizon, self.value_tolerance)
+        label.check_env(self.env)
+        if label.signal == "value":
+            check_value_settings(self.value_rollouts, self.value_horizon, self.value_tolerance)
 
     @property
     def prompt(self) -> PromptConfig:
@@ -159,13 +155,14 @@ def corrected_response(turn: Turn, config: SelfPlayConfig, rng: np.random.Genera
     """
     response = turn.response
     think_end = response.find("</think>")
-    actions = turn.actions[: turn.best_run] if config.keep == "best_prefix" else turn.actions
+    label = FILTERS[config.keep]
+    actions = turn.actions[: turn.best_run] if label.cut_answer else turn.actions
     kept = f" {ACTION_SEPARATOR} ".join(actions)
     head = response[: think_end + len("</think>")]
-    if config.keep == "best_prefix":  # a reasoning that names the cut moves would contradict the answer
+    if label.cut_answer:  # a reasoning that names the cut moves would contradict the answer
         head = head.replace(f" {ACTION_SEPARATOR} ".join(turn.actions), kept)
     response = head + f"<answer>{kept}</answer>"
-    if config.states == "self_belief" or config.mode != "world_model" or config.keep == "best_grounded":
+    if config.states == "self_belief" or config.mode != "world_model" or label.own_states:
         return response  # best_grounded: the model's own states; the wrong ones leave the loss
     before, after = turn.state_before, turn.state_after
     if config.coords == "random":
@@ -244,32 +241,14 @@ def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None, log: TurnLo
     return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn, log=log)
 
 
-def check_value_settings(env: str, rollouts: int, horizon: int, tolerance: float) -> None:
-    """The checks of ``keep="value"``'s settings, each error naming the bad value."""
-    if not lists_actions(env):
-        listing = [name for name in env_names() if lists_actions(name)]
-        raise ValueError(f"keep='value' needs an environment that lists its actions (legal_actions); {env} "
-                         f"does not. Valid: {', '.join(listing)}")
+def check_value_settings(rollouts: int, horizon: int, tolerance: float) -> None:
+    """The checks of the look-ahead settings of a ``value`` label, each error naming the bad
+    value (the environment is the label's own check: ``KeepFilter.check_env``)."""
     for name, value in (("value_rollouts", rollouts), ("value_horizon", horizon)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
         raise ValueError(f"value_tolerance={tolerance!r} must be a non-negative number")
-
-
-def _kept(trajectory: Trajectory, turn: Turn, keep: str) -> bool:
-    """Whether a well-formed turn passes the ``keep`` filter."""
-    if keep == "winners":
-        return trajectory.success
-    if keep == "value":
-        return bool(turn.value_first)
-    if keep in ("best", "best_prefix", "best_grounded"):
-        if turn.best_first is None and not has_solver(trajectory.env):
-            raise ValueError(f"keep={keep!r} needs a solver, and {trajectory.env} has none (best_actions)")
-        # None with a solver: no solution from this state (a Sokoban box pushed into a
-        # corner) or none within the search budget, so no move is best and the turn goes.
-        return bool(turn.best_first)
-    return True
 
 
 def wrong_states(turn: Turn) -> list[str]:
@@ -303,7 +282,8 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig,
     """SFT examples (one per kept turn) and counts of what was kept and dropped. ``progress``
     names a bar over the look-ahead of ``keep="value"``; None: no bar."""
     rng = np.random.default_rng(config.seed + 1)
-    if config.keep == "value":
+    label = FILTERS[config.keep]
+    if label.signal == "value":
         _label_by_value(trajectories, config, progress)
     counts: Counter[str] = Counter()
     examples = []
@@ -316,7 +296,7 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig,
             if config.drop_no_valid_action and not turn.any_valid:
                 counts["dropped_no_valid_action"] += 1
                 continue
-            kept = _kept(trajectory, turn, config.keep)
+            kept = label.kept(trajectory, turn)
             if turn.best_first is not None:  # how often each side of the filter began a shortest solution
                 counts[f"best_first_{'kept' if kept else 'dropped'}"] += turn.best_first
                 counts[f"solved_{'kept' if kept else 'dropped'}"] += 1
@@ -331,7 +311,7 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig,
                 "turn": index, "actions": turn.actions,
                 "state_before": turn.state_before, "state_after": turn.state_after,
             }
-            if config.keep == "best_grounded":
+            if label.own_states:
                 example["masked_states"] = wrong_states(turn)
                 counts.update(f"{tag}_wrong" for tag in example["masked_states"])
             examples.append(example)
@@ -349,7 +329,7 @@ def build_examples(trajectories: list[Trajectory], config: SelfPlayConfig,
         "best_first_dropped": _rate(counts["best_first_dropped"], counts["solved_dropped"]),
         "config": asdict(config),
     }
-    if config.keep == "best_grounded":  # the shares of kept turns whose own states the loss learns
+    if label.own_states:  # the shares of kept turns whose own states the loss learns
         stats["states_right"] = {tag: _rate(counts["kept"] - counts[f"{tag}_wrong"], counts["kept"])
                                  for tag in ("observation", "prediction")}
     return examples, stats
