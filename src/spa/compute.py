@@ -57,7 +57,7 @@ def local_rank() -> int | None:
     return int(rank) if rank.strip() else None
 
 
-def _accelerate_cpu() -> bool:
+def accelerate_cpu() -> bool:
     """accelerate's switch for CPU processes (``accelerate launch --cpu``, or set by :func:`claim`)."""
     return os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
 
@@ -67,7 +67,7 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     where it names a GPU that torch does not see."""
     name = check_device(name)
     cuda = torch.cuda.is_available()
-    if name == "cpu" or (name == "auto" and (not cuda or _accelerate_cpu())):
+    if name == "cpu" or (name == "auto" and (not cuda or accelerate_cpu())):
         return torch.device("cpu")
     if not cuda:
         raise ValueError(f"device {name!r} was asked for, but torch sees no CUDA GPU here; valid here: auto, cpu")

@@ -22,13 +22,14 @@ shared with one if the caller made it): ranks, the device, ``gather_object``,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast, broadcast_object_list, gather_object, reduce
+
+from spa.compute import accelerate_cpu
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ def state() -> PartialState:
     is also set where ``ACCELERATE_USE_CPU`` says so, as ``--device cpu`` under a launcher
     does (:func:`spa.compute.claim`), so that the processes stay on the CPU beside a GPU.
     """
-    cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    cpu = not torch.cuda.is_available() or accelerate_cpu()
     return PartialState(cpu=cpu)
 
 
