@@ -21,7 +21,8 @@ from spa.rl import core
 from spa.rl.advantages import compute_advantages, draw_turns
 from spa.rl.batch import turn_samples, unplayed_span
 from spa.rl.config import PPOConfig
-from spa.rl.montecarlo import action_budgets, policy_advantages, random_advantages, vine_advantages
+from spa.rl.montecarlo import (action_budgets, label_advantages, policy_advantages, random_advantages,
+                               vine_advantages)
 from spa.rl.ppo import train
 from tests.scripted import ScriptedEngine
 
@@ -93,6 +94,25 @@ def test_random_advantages_do_not_depend_on_order_or_company(tiny):
     both = random_advantages([a, b], config, rollouts=16, seed=(3, 1))
     assert random_advantages([b], config, rollouts=16, seed=(3, 1)) == [both[1]]
     assert random_advantages([b, a], config, rollouts=16, seed=(3, 1)) == [both[1], both[0]]
+
+
+def test_label_advantages_by_hand(tiny, monkeypatch):
+    """On the corner lake only Right is best at the start (it wins at once; with one action
+    of look-ahead every other move is worth 0), so a first turn playing Right gets 1 and one
+    playing Down 0. From (1,0) no single move reaches the goal, so no move stands out and
+    the turn gets 0. A malformed turn gets 0. The labels call no solver."""
+    _, tokenizer = tiny
+    config = lake_rollout()
+    down = played(config, ["<answer>Down</answer>", "<answer>Left</answer>"], tokenizer)
+    win = played(config, ["<answer>Right</answer>"], tokenizer)
+    junk = played(config, ["junk", "<answer>Right</answer>"], tokenizer)
+
+    def no_solver(self):
+        raise AssertionError("the solver was called on the path of RL from the reward")
+
+    for cls in (TextEnv, *TextEnv.__subclasses__()):
+        monkeypatch.setattr(cls, "best_actions", no_solver)
+    assert label_advantages([down, win, junk], 400, 1, (0,)) == [[0.0, 0.0], [1.0], [0.0, 1.0]]
 
 
 def test_vine_advantages_by_hand():
@@ -199,6 +219,9 @@ def test_a_collapsed_group_is_pushed_down_not_dropped(tiny, tmp_path, monkeypatc
 
 def test_mc_is_offered_with_both_losses_and_refuses_episode_balancing():
     assert not PPOConfig(algorithm="ppo", advantage="mc").uses_critic
+    assert not PPOConfig(algorithm="ppo", advantage="value").uses_critic
+    with pytest.raises(ValueError, match="balance_episodes does not go with advantage=value"):
+        PPOConfig(algorithm="grpo", advantage="value", balance_episodes=True)
     assert PPOConfig(algorithm="ppo").uses_critic
     assert PPOConfig(algorithm="grpo", advantage="mc").advantage == "mc"
     with pytest.raises(ValueError, match="balance_episodes does not go with advantage=mc"):
@@ -207,11 +230,11 @@ def test_mc_is_offered_with_both_losses_and_refuses_episode_balancing():
         PPOConfig(advantage="mc", mc_continuation="solver")
 
 
-@pytest.mark.parametrize("continuation", ["random", "policy"])
-def test_training_with_mc_advantages_runs_under_both_losses(tiny, tmp_path, continuation):
+@pytest.mark.parametrize("advantage, continuation", [("mc", "random"), ("mc", "policy"), ("value", "random")])
+def test_training_with_mc_advantages_runs_under_both_losses(tiny, tmp_path, advantage, continuation):
     model, tokenizer = tiny
     for algorithm in ("ppo", "grpo"):
-        config = PPOConfig(algorithm=algorithm, advantage="mc", mc_continuation=continuation, mc_rollouts=2,
+        config = PPOConfig(algorithm=algorithm, advantage=advantage, mc_continuation=continuation, mc_rollouts=2,
                            steps=1, groups=2, samples=2, max_new_tokens=6, minibatch_size=4, micro_batch_size=2,
                            actor_lr=1e-3, tensorboard=False, precision="fp32")
         (step,) = train(copy.deepcopy(model), tokenizer, lake_rollout(), config, tmp_path / algorithm / continuation,

@@ -28,7 +28,7 @@ from spa.agent.rollout import Trajectory, Turn
 from spa.models.device import on_device
 from spa.rl import core
 from spa.rl.batch import Sample, collate, loss_masks, pad_responses
-from spa.rl.config import REWARD_PLACEMENTS, PPOConfig
+from spa.rl.config import PER_TURN, REWARD_PLACEMENTS, PPOConfig
 from spa.rl.critic import Critic
 
 
@@ -46,7 +46,7 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     the training turns (of every process) with ``mc_center``, divided by the standard
     deviation about that centre (the root mean square without it). Every process must call it.
     """
-    if config.advantage == "mc":
+    if config.advantage in PER_TURN:
         raw = [turn_values[s.episode][s.turn] for s in samples]
         count, total, squares = distributed.total(float(len(raw)), float(sum(raw)), float(sum(a * a for a in raw)))
         mean = total / max(count, 1.0) if config.mc_center else 0.0

@@ -12,7 +12,9 @@ from spa.rl import core
 ALGORITHMS = ("ppo", "grpo")
 #: Advantage estimators by algorithm, the first the default. ``mc``: per-turn Monte-Carlo
 #: advantages from copies of the environment (:mod:`spa.rl.montecarlo`), with either loss.
-ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc"), "grpo": ("grpo", "grpo_no_std", "mc")}
+ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc", "value"), "grpo": ("grpo", "grpo_no_std", "mc", "value")}
+#: The estimators that give each turn its own advantage from copies of the environment.
+PER_TURN = ("mc", "value")
 CONTINUATIONS = ("random", "policy")
 #: Where the reward sits on the response tokens (:func:`spa.rl.advantages.place_rewards`).
 REWARD_PLACEMENTS = ("episode", "turn")
@@ -27,22 +29,27 @@ class PPOConfig:
         "ppo: gae | turn_gae | mc; grpo: grpo | grpo_no_std | mc; empty: the first. mc gives each turn "
         "A = Q(s, its played actions) - V(s), both the mean return of mc_rollouts continuations on copies "
         "of the environment at the turn's state (spa.rl.montecarlo); no critic is built, every group "
-        "trains, and the advantages are divided by their root mean square over the step.")})
+        "trains, and the advantages are divided by their root mean square over the step. value gives a "
+        "turn 1 when its first action is among the best at its state by Monte-Carlo value (mc_rollouts "
+        "random continuations of value_horizon actions for every legal action: the label the "
+        "Monte-Carlo-value rounds keep, spa.agent.labels), else 0; then centred and scaled as mc.")})
     mc_continuation: str = field(default="random", metadata={"help": (
         "advantage=mc: who plays the continuations. random: uniformly random valid actions (no model "
         "call; Q and V of random play after the turn, slips drawn afresh); policy: the policy itself, "
         "sampled at the rollout temperature (VinePPO: A = r + V(s') - V(s), unbiased, costs "
         "mc_rollouts generations per turn).")})
     mc_center: bool = field(default=True, metadata={"help": (
-        "advantage=mc: subtract the step's mean advantage (over its training turns) before the scaling, "
+        "advantage=mc or value: subtract the step's mean advantage (over its training turns) before the scaling, "
         "a baseline constant over the step, so unbiased. Without it a policy that plays worse than random "
         "(a negative mean) pushes every sampled token down on balance, its format tokens included: on 3x3 "
         "lakes the entropy rose from 0.06 to 0.19 and the format began to break within 9 steps.")})
     mc_rollouts: int = field(default=16, metadata={"help": (
         "advantage=mc: continuations per estimate (random: for Q and for V at every turn; policy: for V "
-        "at every state).")})
+        "at every state); advantage=value: per legal action and state.")})
+    value_horizon: int = field(default=5, metadata={"help": (
+        "advantage=value: actions per continuation, the first one included (the value rounds' 5).")})
     train_turns: int = field(default=0, metadata={"help": (
-        "advantage=mc: train on this many turns a step (0: all), drawn with replacement with probability "
+        "advantage=mc or value: train on this many turns a step (0: all), drawn with replacement with probability "
         "proportional to the size of their advantage, each given sign(A) x (times drawn) x the step's mean |A| "
         "(spa.rl.core.magnitude_draw): an unbiased estimate of the whole step's gradient at a fixed training "
         "cost, so a step can play many more episodes than it trains turns (a turn costs about 8x as much to "
@@ -147,11 +154,11 @@ class PPOConfig:
         if self.mc_continuation not in CONTINUATIONS:
             raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
                              f"{', '.join(CONTINUATIONS)}")
-        if self.train_turns and self.advantage != "mc":
-            raise ValueError("train_turns needs advantage=mc: it draws turns by their own advantage, and the other "
-                             "estimators give every turn of an episode (or a token) its own share of one score")
-        if self.advantage == "mc" and self.balance_episodes:
-            raise ValueError("balance_episodes does not go with advantage=mc: per-turn advantages need no "
+        if self.train_turns and self.advantage not in PER_TURN:
+            raise ValueError("train_turns needs advantage=mc or value: it draws turns by their own advantage, "
+                             "and the other estimators give every turn of an episode (or a token) its own share of one score")
+        if self.advantage in PER_TURN and self.balance_episodes:
+            raise ValueError(f"balance_episodes does not go with advantage={self.advantage}: per-turn advantages need no "
                              "episode weights, and scaling a turn by its episode's length biases the gradient")
         core.get(core.KL_ESTIMATORS, self.kl_estimator, "KL estimator")
         core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
@@ -160,6 +167,7 @@ class PPOConfig:
                   "minibatch_size": self.minibatch_size >= 1, "micro_batch_size": self.micro_batch_size >= 1,
                   "save_every": self.save_every >= 1, "eval_every": self.eval_every >= 0,
                   "warmup_steps": self.warmup_steps >= 0, "mc_rollouts": self.mc_rollouts >= 1,
+                  "value_horizon": self.value_horizon >= 1,
                   "target_kl": self.target_kl >= 0, "train_turns": self.train_turns >= 0,
                   "negative_weight": 0 <= self.negative_weight <= 1,
                   "reward": self.reward in REWARD_PLACEMENTS, "temperature": self.temperature > 0}
@@ -170,4 +178,4 @@ class PPOConfig:
     @property
     def uses_critic(self) -> bool:
         """Whether the trainer builds and trains a critic: PPO with a GAE estimator."""
-        return self.algorithm == "ppo" and self.advantage != "mc"
+        return self.algorithm == "ppo" and self.advantage not in PER_TURN

@@ -37,11 +37,12 @@ step size no longer depends on the task's reward units (FrozenLake 1, Sokoban up
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import replace
 
 import numpy as np
 
-from spa.agent.labels import replay
+from spa.agent.labels import label_turns, replay
 from spa.agent.prompts import state_block
 from spa.agent.rollout import RolloutConfig, Start, Trajectory, play_on
 from spa.envs.lookahead import continuation_return
@@ -91,6 +92,18 @@ def random_advantages(trajectories: list[Trajectory], config: RolloutConfig, rol
             advantages.append(bonus + q - v)
         out.append(advantages)
     return out
+
+
+def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int,
+                     seed: tuple[int, ...]) -> list[list[float]]:
+    """1 for every turn whose first action is among the best at its state by Monte-Carlo
+    value under random continuation, else 0 (a turn with no action included): the label the
+    Monte-Carlo-value rounds keep (:func:`spa.agent.labels.label_turns`, which sets each
+    turn's ``value_first``), as a per-turn advantage for the policy gradient. Unlike
+    ``Q - V`` of the played move, it asks whether the move was the best of *all* the legal
+    moves, each valued by ``rollouts`` continuations of ``horizon`` actions."""
+    label_turns(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
+    return [[float(turn.value_first) for turn in trajectory.turns] for trajectory in trajectories]
 
 
 def vine_advantages(rewards: list[float], values: list[float]) -> list[float]:

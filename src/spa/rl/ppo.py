@@ -61,7 +61,7 @@ from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages, draw_turns
 from spa.rl.batch import (Sample, collate, loss_masks, pad_responses, policy_forward,
                           turn_samples)
-from spa.rl.config import ALGORITHMS, ESTIMATORS, PPOConfig  # noqa: F401 (re-exported)
+from spa.rl.config import ALGORITHMS, ESTIMATORS, PER_TURN, PPOConfig  # noqa: F401 (re-exported)
 from spa.rl.critic import Critic
 from spa.rl.logger import MetricsLogger
 from spa.rl.minibatches import Entry, group_spread, loss_units, minibatches, sample_table, top_groups
@@ -299,7 +299,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # size of their advantage. Otherwise: drop the flat groups and
             # keep those whose samples disagree most (ranked over all processes' groups).
             turn_values = None
-            if config.advantage == "mc":
+            if config.advantage in PER_TURN:
                 kept = trajectories
                 with _timed(phases, "time/lookahead_s"):
                     turn_values = _turn_values(engine, tokenizer, kept, rollout_config, config, step)
@@ -322,7 +322,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             # checkpointed.
             if table:
                 # 3. Advantages, where the episodes are: whole groups live on one process.
-                if config.advantage != "mc":
+                if config.advantage not in PER_TURN:
                     with _timed(phases, "time/advantages_s"):
                         metrics.update(compute_advantages(samples, kept, critic, config, pad_id, autocast))
                 # 4. Update.
@@ -400,7 +400,11 @@ def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], 
 
 def _turn_values(engine, tokenizer, trajectories: list[Trajectory], rollout_config: RolloutConfig,
                  config: PPOConfig, step: int) -> list[list[float]]:
-    """Each turn's Monte-Carlo advantage (:mod:`spa.rl.montecarlo`), before any scaling."""
+    """Each turn's Monte-Carlo advantage (:mod:`spa.rl.montecarlo`), or with ``advantage="value"``
+    its value label (1 when its first action is among the best by Monte-Carlo value), before any scaling."""
+    if config.advantage == "value":
+        return montecarlo.label_advantages(trajectories, config.mc_rollouts, config.value_horizon,
+                                           (config.seed, step))
     if config.mc_continuation == "random":
         return montecarlo.random_advantages(trajectories, rollout_config, config.mc_rollouts, (config.seed, step))
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
