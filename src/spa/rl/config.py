@@ -24,7 +24,8 @@ REWARD_PLACEMENTS = ("episode", "turn")
 class PPOConfig:
     """Hyper-parameters of the RL stage (the paper's PPO settings by default)."""
 
-    algorithm: str = "ppo"  # ppo (with a critic) | grpo (no critic)
+    algorithm: str = field(default="ppo", metadata={"help": (
+        "ppo (with a critic: GAE advantages) or grpo (no critic: each episode against its group's mean).")})
     advantage: str = field(default="", metadata={"help": (
         "ppo: gae | turn_gae | mc; grpo: grpo | grpo_no_std | mc; empty: the first. mc gives each turn "
         "A = Q(s, its played actions) - V(s), both the mean return of mc_rollouts continuations on copies "
@@ -54,9 +55,10 @@ class PPOConfig:
         "(spa.rl.core.magnitude_draw): an unbiased estimate of the whole step's gradient at a fixed training "
         "cost, so a step can play many more episodes than it trains turns (a turn costs about 8x as much to "
         "train as to play). Split evenly over the processes.")})
-    steps: int = 1000  # paper: 1,000
-    groups: int = 32  # training seeds per step (paper: 32)
-    samples: int = 8  # episodes per seed (paper: 8)
+    steps: int = field(default=1000, metadata={"help": "Training steps (paper: 1,000)."})
+    groups: int = field(default=32, metadata={"help": (
+        "Training levels per step, each a group of samples episodes (paper: 32).")})
+    samples: int = field(default=8, metadata={"help": "Episodes per level: the group (paper: 8)."})
     keep_fraction: float = 0.25  # share of groups kept, highest reward std first (paper: 0.25)
     drop_flat_groups: bool = field(default=True, metadata={"help": (
         "Leave out, of the keep_fraction groups with the highest reward std, those whose samples all "
@@ -131,7 +133,8 @@ class PPOConfig:
         "of the paper; 0: off.")})
     max_new_tokens: int = 400  # per turn (paper: 400)
     seed_start: int = 0  # first training seed (steps use consecutive blocks of seeds)
-    eval_every: int = 0  # evaluate every N steps (and at the start and end); 0: never
+    eval_every: int = field(default=0, metadata={"help": (
+        "Evaluate every N steps (and at the start and end); 0: never.")})
     save_every: int = 10  # checkpoint every N steps (and at the end)
     precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     tensorboard: bool = True
