@@ -31,9 +31,9 @@ from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
 from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import EVAL_SEED_OFFSET
+from spa.envs import env_names
 from spa.compute import Compute, decide
 from spa.io import TRAINER_STATE, atomic_dir, write_json
-from spa.models.loading import spa_home
 from spa.progress import Bar
 from spa.worldmodel.sft import SFTConfig
 
@@ -45,14 +45,18 @@ CACHE_VERSION = 1
 class DemoConfig:
     """What the demo plays and how large its format bootstrap is."""
 
-    env: str = "frozenlake"
+    env: str = field(default="frozenlake", metadata={"help": f"Environment: {', '.join(env_names())}."})
     options: dict[str, Any] = field(default_factory=dict)
-    episodes: int = 4  # levels, played once by each model
-    turns: int = 3
+    episodes: int = field(default=4, metadata={"help": (
+        "Levels, played once by each model (the first evaluation levels by default).")})
+    turns: int = field(default=3, metadata={"help": "Turns per episode."})
     max_actions: int = 3  # per turn
-    max_new_tokens: int = 200
-    seed: int = EVAL_SEED_OFFSET  # first level: the first evaluation level by default
-    bootstrap_episodes: int = 64  # random-exploration episodes of the format bootstrap
+    max_new_tokens: int = field(default=200, metadata={"help": "New-token cap per turn."})
+    seed: int = field(default=EVAL_SEED_OFFSET, metadata={"help": (
+        "Seed of the first level; the default is the first evaluation level, which no training data "
+        "holds.")})
+    bootstrap_episodes: int = field(default=64, metadata={"help": (
+        "Random-exploration episodes of the format bootstrap (one SFT epoch; cached).")})
     precision: str = "auto"
 
     @property
@@ -92,6 +96,14 @@ def cache_key(model: str, config: DemoConfig) -> dict:
             "env": config.env, "options": config.options, "turns": config.turns,
             "max_actions": config.max_actions, "bootstrap_episodes": config.bootstrap_episodes,
             "sft": asdict(config.sft)}
+
+
+def spa_home() -> Path:
+    # Imported here: spa.models.loading loads transformers, and the CLI imports DemoConfig
+    # (its options are built from it) on every start.
+    from spa.models.loading import spa_home as home
+
+    return home()
 
 
 def cache_dir(model: str, config: DemoConfig) -> Path:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,10 +58,12 @@ def check_mode(mode: str) -> str:
 class PromptConfig:
     """How the agent is prompted and how much it may do per turn."""
 
-    mode: str = "world_model"  # base | state | world_model
-    max_turns: int = 5  # turns per episode (paper: 5)
-    max_actions_per_turn: int = 3  # actions per answer, joined by '||'; extra ones are dropped
-    history_turns: int | None = 0  # earlier turns kept in the prompt; None keeps the episode
+    mode: str = field(default="world_model", metadata={"help": "Prompt mode: base, state or world_model."})
+    max_turns: int = field(default=5, metadata={"help": "Turns per episode (paper: 5)."})
+    max_actions_per_turn: int = field(default=3, metadata={"help": (
+        "Actions per turn, joined by '||' in the answer; extra ones are dropped.")})
+    history_turns: int | None = field(default=0, metadata={"help": (
+        "Earlier turns kept in the prompt; None keeps the whole episode.")})
 
     def __post_init__(self) -> None:
         check_mode(self.mode)

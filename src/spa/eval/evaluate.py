@@ -39,13 +39,14 @@ class EvalConfig:
     env: str = "sokoban"
     env_config: dict[str, Any] = field(default_factory=dict)
     prompt: PromptConfig = field(default_factory=PromptConfig)
-    num_envs: int = 128  # evaluation seeds (paper: 128)
-    samples: int = 8  # samples per seed, for Pass@k (paper: 8)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 400  # per turn (paper: 400)
+    num_envs: int = field(default=128, metadata={"help": (
+        "Evaluation levels (fixed, disjoint from training; paper: 128).")})
+    samples: int = field(default=8, metadata={"help": "Samples per level (Pass@k uses k <= samples; paper: 8)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; 0 is greedy."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    max_new_tokens: int = field(default=400, metadata={"help": "New-token cap per turn (paper: 400)."})
     format_penalty: float = -0.1
-    seed: int = 0  # sampling seed
+    seed: int = field(default=0, metadata={"help": "Sampling seed."})
     # prompts the generation engine decodes together (spa.models.engine.DEFAULT_BATCH: a GPU
     # wants more); seeded samples differ between batch sizes
     engine_batch: int = DEFAULT_BATCH

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from spa import heap
-from spa.agent.keep import FILTERS, LABELLED, keep_filter
+from spa.agent.keep import FILTERS, LABELLED, keep_filter, keep_help
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
 from spa.compute import Compute, for_model
@@ -72,10 +72,12 @@ def _one_epoch_sft() -> SFTConfig:
 class IterateConfig:
     """What each round plays, what it keeps and how it trains on it."""
 
-    rounds: int = 3
-    episodes: int = 1600  # per round
-    samples: int = 4  # episodes per level
-    keep: str = "value"  # a filtering label of spa.agent.keep: value | winners | best | best_prefix | best_grounded
+    rounds: int = field(default=3, metadata={"help": "Rounds of play, filter and SFT."})
+    episodes: int = field(default=1600, metadata={"help": (
+        "Episodes played per round (a multiple of samples).")})
+    samples: int = field(default=4, metadata={"help": "Episodes per level."})
+    keep: str = field(default="value", metadata={"help": (
+        "Turns trained on, by a label per turn: " + keep_help(LABELLED))})
     value_rollouts: int = SelfPlayConfig.value_rollouts  # keep="value": spa.envs.lookahead
     value_horizon: int = SelfPlayConfig.value_horizon
     value_tolerance: float = SelfPlayConfig.value_tolerance

@@ -22,12 +22,16 @@ class RWMLConfig:
     """Hyper-parameters of the RWML stage: data, filter, GRPO and evaluation."""
 
     # -- data: rollouts -> triplets
-    exploration: str = "self_play"  # self_play: the policy plays (paper) | random: random valid actions
-    episodes: int = 1280  # training episodes (as SPA's self-play: 160 seeds x 8)
-    samples: int = 8  # episodes per training seed
+    exploration: str = field(default="self_play", metadata={"help": (
+        "Data: self_play (the policy plays, paper) or random (random valid actions; for models that "
+        "rarely act).")})
+    episodes: int = field(default=1280, metadata={"help": (
+        "Data episodes, a multiple of samples (as SPA's self-play: 160 levels x 8).")})
+    samples: int = field(default=8, metadata={"help": "Episodes per training level."})
     seed_start: int = 0  # first training seed
-    max_turns: int = 5  # turns per episode
-    max_actions_per_turn: int = 3  # actions per turn (one triplet per turn holds them all)
+    max_turns: int = field(default=5, metadata={"help": "Turns per episode (one triplet per turn)."})
+    max_actions_per_turn: int = field(default=3, metadata={"help": (
+        "Actions per turn (one triplet per turn holds them all).")})
     rollout_max_new_tokens: int = 400  # new-token cap per self-play turn
     history_turns: int = 0  # earlier turns in the prompt: 0, the states are fully observable
     # A malformed turn's actions were still applied, so its transition is true: keep it
@@ -37,23 +41,32 @@ class RWMLConfig:
     # batch with copies of one prompt. Slippery outcomes differ in next state and stay.
     dedupe: bool = True
     # -- the too-easy filter (paper: K samples all within tau -> keep with p = 0.1)
-    filter: bool = True
-    filter_model: str = ""  # model that predicts for the filter; "": the policy at the start
+    filter: bool = field(default=True, metadata={"help": (
+        "Subsample too-easy triplets (paper); costs K predictions per triplet.")})
+    filter_model: str = field(default="", metadata={"help": (
+        "Model of the too-easy filter; empty: the policy at the start.")})
     filter_k: int = 8  # predictions per triplet (paper: K; 8 = the group size)
     filter_distance: str = "state"  # state: 1 - state_match (deterministic) | embedding: 1 - cos
     filter_tau: float = 0.0  # 0: the distance's default (state 0.05, embedding: tau)
     filter_keep_prob: float = 0.1  # paper: 0.1
     # -- GRPO
-    steps: int = 100  # not in the seed document; ~one pass over the default data at batch 32
-    batch_size: int = 32  # triplets per step (each a group of group_size predictions)
-    group_size: int = 8  # predictions per triplet (paper: 8)
-    reward: str = "embedding"  # embedding (paper) | exact | cell | change (copies score 0.5)
-    tau: float = EMBEDDING_TAU  # threshold of the embedding reward, see spa.rl.rewards
+    # steps: not in the seed document; about one pass over the default data at batch 32
+    steps: int = field(default=100, metadata={"help": "GRPO steps."})
+    batch_size: int = field(default=32, metadata={"help": (
+        "Triplets per step, each a group of group_size predictions.")})
+    group_size: int = field(default=8, metadata={"help": (
+        "Predictions per triplet: the group whose rewards GRPO compares (paper: 8).")})
+    reward: str = field(default="embedding", metadata={"help": (
+        "embedding (paper: 1[1 - cos < tau]), exact, cell, or change (cell accuracy balanced over "
+        "changed and kept cells: a copy scores 0.5).")})
+    tau: float = field(default=EMBEDDING_TAU, metadata={"help": (
+        "Cosine-distance threshold of the embedding reward (spa.rl.rewards).")})
     binary: bool = True  # embedding reward: 1[d < tau] (paper); False: the cosine (ablation)
     embedding_model: str = "all-minilm-l6-v2"  # E of the reward: the packaged model or a folder
     advantage: str = "grpo"  # grpo: (r - mean) / std | grpo_no_std: r - mean (Dr. GRPO)
     skip_flat_groups: bool = True  # groups with all-equal rewards have zero advantage: skip them
-    lr: float = 1e-6  # paper: 1e-6 (CPU quick budgets need ~1e-5 to move in a few steps)
+    lr: float = field(default=1e-6, metadata={"help": (
+        "Learning rate (paper: 1e-6; CPU quick budgets need ~1e-5 to move in a few steps).")})
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
@@ -67,8 +80,10 @@ class RWMLConfig:
     top_p: float = 1.0
     max_new_tokens: int = 200  # per prediction: a state is ~45-70 tokens, the rest is for reasoning
     # -- evaluation, checkpoints
-    eval_seeds: int = 32  # held-out seeds explored at random for prediction_accuracy; 0: none
-    eval_every: int = 0  # also evaluate every N steps (the start and the end always are)
+    eval_seeds: int = field(default=32, metadata={"help": (
+        "Evaluation levels explored at random for next-state accuracy; 0: no evaluation.")})
+    eval_every: int = field(default=0, metadata={"help": (
+        "Also evaluate every N steps (the start and the end always are).")})
     save_every: int = 10  # checkpoint every N steps (and at the end)
     precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     tensorboard: bool = True

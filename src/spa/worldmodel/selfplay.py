@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from spa.agent.grids import grid_cells, state_match
-from spa.agent.keep import FILTERS, LABELLED, keep_filter
+from spa.agent.keep import FILTERS, KEEP, LABELLED, keep_filter, keep_help
 from spa.agent.labels import label_turns
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
@@ -74,23 +74,32 @@ class SelfPlayConfig:
 
     env: str = "sokoban"
     env_config: dict[str, Any] = field(default_factory=dict)
-    episodes: int = 1280  # paper: 1,280 (160 seeds x 8 samples)
-    samples: int = 8  # episodes per seed
+    episodes: int = field(default=1280, metadata={"help": "Episodes (paper: 1,280 = 160 levels x 8 samples)."})
+    samples: int = field(default=8, metadata={"help": "Episodes per training level."})
     seed_start: int = 0  # first training seed
-    max_turns: int = 5
-    max_actions_per_turn: int = 3
-    max_new_tokens: int = 400
+    max_turns: int = field(default=5, metadata={"help": "Turns per episode."})
+    max_actions_per_turn: int = field(default=3, metadata={"help": "Actions per turn."})
+    max_new_tokens: int = field(default=400, metadata={"help": "New-token cap per turn."})
     temperature: float = 1.0
-    states: str = "ground_truth"  # ground_truth | self_belief
-    exploration: str = "self_play"  # self_play | random
+    states: str = field(default="ground_truth", metadata={"help": (
+        "ground_truth, or self_belief (ablation: no replacement).")})
+    exploration: str = field(default="self_play", metadata={"help": (
+        "self_play, random (ablation: random actions) or oracle (best actions: a behaviour-cloning "
+        "reference).")})
     # random and oracle exploration: each turn plays 1..exploration_actions actions, uniformly
     # (0: up to max_actions_per_turn); 1 makes every target a one-move answer
     exploration_actions: int = 0
-    coords: str = "true"  # true | random
-    drop_no_valid_action: bool = False  # also drop well-formed turns whose actions all failed
-    seed: int = 0  # sampling / random-exploration seed
-    mode: str = "world_model"  # prompt mode; base and state need a keep filter under self_play
-    keep: str = "all"  # a label of spa.agent.keep: all | winners | best | best_prefix | best_grounded | value
+    coords: str = field(default="true", metadata={"help": "true, or random (ablation: random coordinates)."})
+    drop_no_valid_action: bool = field(default=False, metadata={"help": (
+        "Also drop well-formed turns whose actions all failed.")})
+    seed: int = field(default=0, metadata={"help": "Sampling and random-exploration seed."})
+    mode: str = field(default="world_model", metadata={"help": (
+        "Prompt mode: base, state or world_model. world_model writes world-model data (observation and "
+        "prediction replaced by the true states); base or state write plain-prompt examples, and under "
+        "self_play exploration need a keep label that filters.")})
+    keep: str = field(default="all", metadata={"help": (
+        "Turns kept, by a label per turn (any but all is rejection sampling on the model's own "
+        "responses): " + keep_help(KEEP))})
     value_rollouts: int = 128  # keep="value": random continuations per action and state
     value_horizon: int = 5  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best

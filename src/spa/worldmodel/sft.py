@@ -69,21 +69,24 @@ TRIM_EVERY_STEPS = 0
 class SFTConfig:
     """Hyper-parameters of world-model SFT (paper defaults where the paper gives them)."""
 
-    lr: float = 1e-4  # paper: 1e-4
-    epochs: int = 5  # paper: 5
-    batch_size: int = 8  # sequences per optimizer micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = field(default=1e-4, metadata={"help": "Peak learning rate (paper: 1e-4)."})
+    epochs: int = field(default=5, metadata={"help": "Epochs (paper: 5)."})
+    batch_size: int = field(default=8, metadata={"help": "Sequences per micro-batch."})
+    grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     warmup_ratio: float = 0.1  # linear warm-up over this fraction of steps, then cosine
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    max_length: int = 2048  # longer examples are dropped (counted in the stats)
-    mask_states: bool = False  # the release's behaviour / "no transition learning" ablation
-    val_fraction: float = 0.1  # held-out share of the examples
+    max_length: int = field(default=2048, metadata={"help": "Drop longer examples (counted in the stats)."})
+    mask_states: bool = field(default=False, metadata={"help": (
+        "Exclude observation/prediction contents from the loss (the release's behaviour; the "
+        "no-transition-learning ablation).")})
+    val_fraction: float = field(default=0.1, metadata={"help": "Held-out share of the episodes."})
     val_examples_generate: int = 64  # held-out examples used for next-state exact match
     val_max_new_tokens: int = 160  # token cap when the model writes a held-out next state
-    lora_rank: int = 0  # 0: full fine-tuning; >0: LoRA adapters of this rank (peft)
+    lora_rank: int = field(default=0, metadata={"help": (
+        "LoRA rank (peft adapters instead of full fine-tuning); 0: off.")})
     precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
-    seed: int = 0
+    seed: int = field(default=0, metadata={"help": "Data order and split seed."})
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
 
