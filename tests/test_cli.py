@@ -383,40 +383,6 @@ def test_old_option_names_are_errors_naming_the_new_form(tmp_path):
     assert result.exit_code == 2 and "No such option: --eval-levels" in result.output  # not eval's name
 
 
-def test_the_defaults_of_the_options_are_those_of_the_configs():
-    """An option that sets a config field defaults to the field's default, except where the
-    command means otherwise (listed here with the reason)."""
-    from dataclasses import MISSING, fields
-
-    from spa.demo import DemoConfig
-    from spa.eval.evaluate import EvalConfig
-    from spa.rl.config import PPOConfig
-    from spa.rl.expert_iteration import IterateConfig
-    from spa.rl.rwml_config import RWMLConfig
-    from spa.worldmodel.selfplay import SelfPlayConfig
-    from spa.worldmodel.sft import SFTConfig
-
-    renamed = {"max_actions": "max_actions_per_turn", "levels": "num_envs", "eval_levels": "eval_seeds",
-               "filter_easy": "filter", "precision_name": "precision"}
-    differ = {("eval", "mode"),  # the plain prompt; PromptConfig's default is world_model
-              ("iterate", "keep"),  # value: a label from the reward; IterateConfig keeps winners for recipes
-              ("iterate", "precision_name")}  # the rounds' SFT precision, not an IterateConfig field
-    configs = {"selfplay": SelfPlayConfig, "sft": SFTConfig, "eval": EvalConfig, "rl": PPOConfig,
-               "iterate": IterateConfig, "rwml": RWMLConfig, "demo": DemoConfig}
-    prompt = {f.name: f.default for f in fields(EvalConfig().prompt)}
-    checked = 0
-    for command, cls in configs.items():
-        defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)}
-        for param in _commands()[command].params:
-            name = renamed.get(param.name, param.name)
-            default = defaults.get(name, prompt.get(name) if command == "eval" else None)
-            if default is None or (command, param.name) in differ or param.name in ("env", "model", "option"):
-                continue
-            assert param.default == default, f"spa {command} --{param.name}: {param.default!r} != {default!r}"
-            checked += 1
-    assert checked > 40
-
-
 def test_a_command_that_loads_a_model_says_once_which_precision_it_computes_in(monkeypatch):
     from spa import precision
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.core import TyperCommand
 
 from spa import compute, envs, interrupt, precision
+from spa.cli.options import option
 
 
 def example(command: str) -> str:
@@ -116,11 +117,8 @@ ModelOption = typer.Option("smollm2-135m-instruct", "--model", "-m",
                            help="Built-in name (smollm2-135m-instruct, tiny), local folder or hub id.")
 
 
-def mode_option(default: str, why: str):
-    """``--mode``, whose help says its default and why that one."""
-    return typer.Option(default, help=f"Prompt mode: base, state or world_model. Default {default}: {why}.")
-
-
+#: Why ``--mode`` is base where a command plays in the prompt RL trains in (PromptConfig's
+#: default is world_model, the world-model data's prompt).
 BASE_MODE_WHY = "the plain think/answer prompt (raw grid) in which the recipes' RL trains"
 
 
@@ -135,8 +133,12 @@ def _checked(check):
     return callback
 
 
-#: The stages that train: the configs' own help (fp32 master weights, autocast).
-PrecisionOption = typer.Option("auto", "--precision", callback=_checked(precision.check), help=precision.FIELD_HELP)
+def precision_option(config: type, path: str = "precision"):
+    """``--precision`` of a stage that trains: the config field's default and help (fp32 master
+    weights, autocast)."""
+    return option(config, path, "--precision", callback=_checked(precision.check))
+
+
 #: The commands that only play or measure, which load the weights in the precision itself.
 PlayPrecisionOption = typer.Option("auto", "--precision", callback=_checked(precision.check),
                                    help=precision.FIELD_HELP.partition(" Weights stay")[0]

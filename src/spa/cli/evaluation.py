@@ -9,26 +9,28 @@ from rich.table import Table
 
 from spa import envs
 from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
-                            SetOption, app, console, decide, example, load, make_env, mode_option, parse_options,
-                            settings)
+                            SetOption, app, console, decide, example, load, make_env, parse_options, settings)
+from spa.cli.options import option
+from spa.eval.evaluate import EvalConfig
 
 
 @app.command("eval", epilog=example("spa eval -e sokoban --policy oracle --levels 16"))
 def evaluate_command(
     env: str = EnvNameOption,
     model: str = ModelOption,
-    mode: str = mode_option("base", BASE_MODE_WHY + "; world_model for a world-model SFT checkpoint"),
-    levels: int = typer.Option(128, min=1, help="Evaluation levels (fixed, disjoint from training; paper: 128)."),
-    samples: int = typer.Option(8, min=1, help="Samples per level (Pass@k uses k <= samples; paper: 8)."),
-    temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature; 0 is greedy."),
-    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
-    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
-    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
-    history_turns: int = typer.Option(0, min=-1, help="Earlier turns kept in the prompt; -1 keeps all."),
-    max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
+    mode: str = option(EvalConfig, "prompt.mode", default="base",
+                       why=BASE_MODE_WHY + "; world_model for a world-model SFT checkpoint"),
+    levels: int = option(EvalConfig, "num_envs", min=1),
+    samples: int = option(EvalConfig, "samples", min=1),
+    temperature: float = option(EvalConfig, "temperature", min=0.0),
+    top_p: float = option(EvalConfig, "top_p", min=0.0, max=1.0),
+    max_turns: int = option(EvalConfig, "prompt.max_turns", min=1),
+    max_actions: int = option(EvalConfig, "prompt.max_actions_per_turn", min=1),
+    history_turns: int = option(EvalConfig, "prompt.history_turns", min=-1, note="Here -1 stands for None."),
+    max_new_tokens: int = option(EvalConfig, "max_new_tokens", min=1),
     precision_name: str = PlayPrecisionOption,
     device: str = DeviceOption,
-    seed: int = typer.Option(0, help="Sampling seed."),
+    seed: int = option(EvalConfig, "seed"),
     out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE, or evals/ENV-POLICY "
                             "for random and oracle)."),
     option: list[str] = EnvOption,
@@ -42,7 +44,7 @@ def evaluate_command(
     baseline instead of the model.
     """
     from spa.eval.baselines import POLICIES, evaluate_policy
-    from spa.eval.evaluate import EvalConfig, evaluate, metric_rows
+    from spa.eval.evaluate import evaluate, metric_rows
 
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")

@@ -7,56 +7,73 @@ from pathlib import Path
 
 import typer
 
-from spa.agent.keep import LABELLED, keep_help
-from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PrecisionOption,
-                            SetOption, app, console, decide, example, load, make_env, mode_option, parse_options,
-                            prompt_config, settings)
+from spa.agent.keep import FILTERS, LABELLED
+from spa.agent.prompts import PromptConfig
+from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, SetOption, app,
+                            console, decide, example, load, make_env, parse_options, precision_option, prompt_config,
+                            settings)
+from spa.cli.options import option
+from spa.eval.evaluate import EvalConfig
+from spa.rl.expert_iteration import IterateConfig
+
+DEFAULTS = IterateConfig()
 
 
-@app.command(epilog=example("spa iterate -e frozenlake --model runs/fl/sft/epoch-3 --out runs/fl-iterate"))
+def rounds_by_label() -> str:
+    """The rounds each label gives, as the tables name them, read from the registry
+    (:data:`spa.agent.keep.FILTERS`): ``winners: winner rounds; best, ...: solver-label rounds``."""
+    names: dict[str, list[str]] = {}
+    for name in LABELLED:
+        names.setdefault(FILTERS[name].learner, []).append(name)
+    return "; ".join(f"{', '.join(group)}: {learner}" for learner, group in names.items())
+
+
+ITERATE_HELP = f"""Expert iteration: the policy plays, keeps the turns its label (--keep) passes, and
+fine-tunes on them, round after round.
+
+Each round plays fresh training levels; the kept turns, with the model's own responses,
+get one SFT epoch, which gives the next round's policy. The labels, by the rounds they
+give ({DEFAULTS.keep} by default; --keep says what each keeps): {rounds_by_label()}. A
+killed run resumes where it stopped when given the same command.
+"""
+
+
+@app.command(help=ITERATE_HELP,
+             epilog=example("spa iterate -e frozenlake --model runs/fl/sft/epoch-3 --out runs/fl-iterate"))
 def iterate(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: rounds.json, and round-N/ with data.jsonl, sft/, eval/."),
     model: str = ModelOption,
-    mode: str = mode_option("base", BASE_MODE_WHY),
-    rounds: int = typer.Option(3, min=1, help="Rounds of play, filter and SFT."),
-    episodes: int = typer.Option(1600, min=1, help="Episodes played per round (a multiple of --samples)."),
-    samples: int = typer.Option(4, min=1, help="Episodes per level."),
-    keep: str = typer.Option("value", help="Turns trained on, by a label per turn: " + keep_help(LABELLED)
-                             + " value's settings, here at their defaults: --set value_rollouts=128 --set "
-                               "value_horizon=5 --set value_tolerance=0. The iterate recipes use best "
-                               "(vagen's: best_grounded)."),
-    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
-    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
-    lr: float = typer.Option(1e-4, min=0.0, help="Peak SFT learning rate of each round."),
-    eval_levels: int = typer.Option(128, min=0, help="Evaluation levels after each round (and at the start); "
-                                                     "0: no evaluation."),
-    eval_samples: int = typer.Option(8, min=1, help="Samples per evaluation level."),
+    mode: str = option(PromptConfig, "mode", default="base", why=BASE_MODE_WHY),
+    rounds: int = option(IterateConfig, "rounds", min=1),
+    episodes: int = option(IterateConfig, "episodes", min=1),
+    samples: int = option(IterateConfig, "samples", min=1),
+    keep: str = option(IterateConfig, "keep", note=f"value's settings, here at their defaults: --set "
+                       f"value_rollouts={DEFAULTS.value_rollouts} --set value_horizon={DEFAULTS.value_horizon} "
+                       f"--set value_tolerance={DEFAULTS.value_tolerance:g}. The iterate recipes use best "
+                       "(vagen's: best_grounded)."),
+    max_turns: int = option(PromptConfig, "max_turns", min=1),
+    max_actions: int = option(PromptConfig, "max_actions_per_turn", min=1),
+    lr: float = option(IterateConfig, "sft.lr", min=0.0, note="Of each round's SFT."),
+    eval_levels: int = option(EvalConfig, "num_envs", min=0, note="Played at the start and after each round; "
+                                                                  "0: no evaluation."),
+    eval_samples: int = option(EvalConfig, "samples", min=1),
     keep_optimizer: bool = typer.Option(False, "--keep-optimizer",
                                         help="Keep the rounds' optimizer states (trainer_state.pt, 1 GB a round "
                                              "for the default model) once every round is done; by default they "
                                              "are deleted then, as `spa run` does, since only an unfinished "
                                              "round resumes from one."),
-    precision_name: str = PrecisionOption,
+    precision_name: str = precision_option(IterateConfig, "sft.precision"),
     device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
-    """Expert iteration: the policy plays, keeps the turns its label (--keep) passes, and
-    fine-tunes on them, round after round.
-
-    Each round plays fresh training levels; the kept turns, with the model's own responses,
-    get one SFT epoch, which gives the next round's policy. The label: value (the default)
-    keeps turns whose first move has the highest Monte-Carlo value under random continuation
-    (the task's reward, no solver), winners the turns of episodes that succeeded, best the
-    turns whose first move begins a solver's shortest solution (the recipes' choice). A
-    killed run resumes where it stopped when given the same command.
-    """
+    # The help is ITERATE_HELP, built from the labels' registry.
     from spa.agent.rollout import RolloutConfig
     from spa.config import to_dict
-    from spa.eval.evaluate import EvalConfig, evaluate
+    from spa.eval.evaluate import evaluate
     from spa.io import drop_trainer_states
-    from spa.rl.expert_iteration import IterateConfig, describe_round, run
+    from spa.rl.expert_iteration import describe_round, run
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)

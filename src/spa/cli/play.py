@@ -6,9 +6,10 @@ import typer
 from rich.table import Table
 
 from spa import envs
-from spa.agent.seeds import EVAL_SEED_OFFSET
 from spa.cli.common import (DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption, SetOption, app,
                             console, decide, example, load, make_env, parse_options, settings)
+from spa.cli.options import option
+from spa.demo import DemoConfig
 
 
 @app.command("envs", epilog=example("spa envs"))
@@ -18,8 +19,8 @@ def list_envs() -> None:
     for column in ("name", "option", "default", "meaning"):
         table.add_column(column, overflow="fold")
     for name in envs.env_names():
-        for i, (option, default, help_text) in enumerate(envs.config_defaults(name)):
-            table.add_row(name if i == 0 else "", option, repr(default), help_text)
+        for i, (key, default, help_text) in enumerate(envs.config_defaults(name)):
+            table.add_row(name if i == 0 else "", key, repr(default), help_text)
         table.add_section()
     console.print(table)
 
@@ -60,17 +61,15 @@ def play(
 
 @app.command(epilog=example("spa demo --model tiny --episodes 1 --bootstrap-episodes 4"))
 def demo(
-    env: str = typer.Option("frozenlake", "--env", "-e", help=f"Environment: {', '.join(envs.env_names())}."),
+    env: str = option(DemoConfig, "env", "--env", "-e"),
     model: str = ModelOption,
-    episodes: int = typer.Option(4, min=1, help="Levels to play (the first evaluation levels by default)."),
-    turns: int = typer.Option(3, min=1, help="Turns per episode."),
-    max_new_tokens: int = typer.Option(200, min=1, help="New-token cap per turn."),
-    seed: int = typer.Option(EVAL_SEED_OFFSET, help="Seed of the first level; the default is the first "
-                                                     "evaluation level, which no training data holds."),
+    episodes: int = option(DemoConfig, "episodes", min=1),
+    turns: int = option(DemoConfig, "turns", min=1),
+    max_new_tokens: int = option(DemoConfig, "max_new_tokens", min=1),
+    seed: int = option(DemoConfig, "seed"),
     train: bool = typer.Option(True, "--train/--no-train", help="Train a format bootstrap and play again; "
                                                                "--no-train only plays, showing every turn."),
-    bootstrap_episodes: int = typer.Option(64, min=1, help="Random-exploration episodes of the format "
-                                                           "bootstrap (one SFT epoch; cached)."),
+    bootstrap_episodes: int = option(DemoConfig, "bootstrap_episodes", min=1),
     precision_name: str = PlayPrecisionOption,
     device: str = DeviceOption,
     option: list[str] = EnvOption,
@@ -88,7 +87,7 @@ def demo(
     make_env(env, option)  # validates the options before the model loads
     base = dict(env=env, options=parse_options(option), episodes=episodes, turns=turns, max_new_tokens=max_new_tokens,
                 seed=seed, bootstrap_episodes=bootstrap_episodes, precision=precision_name)
-    config = settings(demo_.DemoConfig, base, set_)
+    config = settings(DemoConfig, base, set_)
     compute = decide(device, config.precision)
     before = demo_.play(*load(model, compute), config, "before" if train else model)
     if not train:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from spa.cli.common import (DeviceOption, EnvNameOption, EnvOption, ModelOption, PrecisionOption, SetOption, app,
-                            console, decide, example, load_for_training, make_env, parse_options, settings)
-from spa.rl.rewards import EMBEDDING_TAU  # a light import (no torch)
+from spa.cli.common import (DeviceOption, EnvNameOption, EnvOption, ModelOption, SetOption, app, console, decide,
+                            example, load_for_training, make_env, parse_options, precision_option, settings)
+from spa.cli.options import option
+from spa.rl.rwml_config import RWMLConfig
 
 
 @app.command(epilog=example("spa rwml -e frozenlake --out runs/fl-rwml --reward change --steps 20"))
@@ -14,28 +15,23 @@ def rwml(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: triplets.jsonl, checkpoint/, metrics.jsonl, eval/."),
     model: str = ModelOption,
-    exploration: str = typer.Option("self_play", help="Data: self_play (the policy plays, paper) or random "
-                                                      "(random valid actions; for models that rarely act)."),
-    episodes: int = typer.Option(1280, min=1, help="Data episodes (a multiple of --samples)."),
-    samples: int = typer.Option(8, min=1, help="Episodes per training level."),
-    max_turns: int = typer.Option(5, min=1, help="Turns per episode (one triplet per turn)."),
-    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
-    steps: int = typer.Option(100, min=1, help="GRPO steps."),
-    group_size: int = typer.Option(8, min=2, help="Predictions per triplet: the group whose rewards GRPO "
-                                                  "compares (paper: 8)."),
-    batch_size: int = typer.Option(32, min=1, help="Triplets per step, each a group of --group-size predictions."),
-    reward: str = typer.Option("embedding", help="embedding (paper: 1[1 - cos < tau]), exact, cell, or change "
-                               "(cell accuracy balanced over changed and kept cells: a copy scores 0.5)."),
-    tau: float = typer.Option(EMBEDDING_TAU, min=0.0, help="Cosine-distance threshold of the embedding reward."),
-    lr: float = typer.Option(1e-6, min=0.0, help="Learning rate (paper: 1e-6; CPU quick runs need ~1e-5)."),
-    filter_easy: bool = typer.Option(True, "--filter/--no-filter",
-                                     help="Subsample too-easy triplets (paper); costs K predictions per triplet."),
-    filter_model: str = typer.Option("", help="Model of the too-easy filter; empty: the policy at the start."),
-    eval_levels: int = typer.Option(32, min=0, help="Evaluation levels explored at random for next-state "
-                                                    "accuracy; 0: no evaluation."),
-    eval_every: int = typer.Option(0, min=0, help="Also evaluate every N steps (start and end always)."),
+    exploration: str = option(RWMLConfig, "exploration"),
+    episodes: int = option(RWMLConfig, "episodes", min=1),
+    samples: int = option(RWMLConfig, "samples", min=1),
+    max_turns: int = option(RWMLConfig, "max_turns", min=1),
+    max_actions: int = option(RWMLConfig, "max_actions_per_turn", min=1),
+    steps: int = option(RWMLConfig, "steps", min=1),
+    group_size: int = option(RWMLConfig, "group_size", min=2),
+    batch_size: int = option(RWMLConfig, "batch_size", min=1),
+    reward: str = option(RWMLConfig, "reward"),
+    tau: float = option(RWMLConfig, "tau", min=0.0),
+    lr: float = option(RWMLConfig, "lr", min=0.0),
+    filter_easy: bool = option(RWMLConfig, "filter", "--filter/--no-filter"),
+    filter_model: str = option(RWMLConfig, "filter_model"),
+    eval_levels: int = option(RWMLConfig, "eval_seeds", "--eval-levels", min=0),
+    eval_every: int = option(RWMLConfig, "eval_every", min=0),
     resume: bool = typer.Option(False, help="Reuse OUT/triplets.jsonl and continue from OUT/checkpoint."),
-    precision_name: str = PrecisionOption,
+    precision_name: str = precision_option(RWMLConfig),
     device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
@@ -44,7 +40,6 @@ def rwml(
 
     Reports the next-state accuracy before and after.
     """
-    from spa.rl.rwml_config import RWMLConfig
     from spa.rl.rwml_train import run
 
     make_env(env, option)

@@ -7,11 +7,19 @@ from pathlib import Path
 
 import typer
 
-from spa.agent.keep import KEEP, keep_help
+from spa.agent.prompts import PromptConfig
 from spa.cli.common import (BASE_MODE_WHY, DeviceOption, EnvNameOption, EnvOption, ModelOption, PlayPrecisionOption,
-                            PrecisionOption, SetOption, app, console, decide, example, load, load_for_training,
-                            make_env, mode_option, parse_options, prompt_config, settings)
+                            SetOption, app, console, decide, example, load, load_for_training, make_env,
+                            parse_options, precision_option, prompt_config, settings)
+from spa.cli.options import option
 from spa.compute import Compute
+from spa.eval.evaluate import EvalConfig
+from spa.rl.config import PPOConfig
+from spa.worldmodel.selfplay import SelfPlayConfig
+from spa.worldmodel.sft import SFTConfig
+
+#: Why spa rl's periodic evaluation is smaller than spa eval's.
+RL_EVAL_WHY = "it runs inside the training: at its start and end, and every --eval-every steps"
 
 
 @app.command(epilog=example("spa selfplay -e frozenlake --out data/fl.jsonl --episodes 8 \\\n"
@@ -20,21 +28,17 @@ def selfplay(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Output JSONL of SFT examples (a .stats.json is written beside it)."),
     model: str = ModelOption,
-    episodes: int = typer.Option(1280, min=1, help="Episodes (paper: 1,280 = 160 levels x 8 samples)."),
-    samples: int = typer.Option(8, min=1, help="Episodes per training level."),
-    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
-    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
-    max_new_tokens: int = typer.Option(400, min=1, help="New-token cap per turn."),
-    states: str = typer.Option("ground_truth", help="ground_truth, or self_belief (ablation: no replacement)."),
-    exploration: str = typer.Option("self_play", help="self_play, random (ablation: random actions) or oracle "
-                                     "(best actions: a behaviour-cloning reference)."),
-    coords: str = typer.Option("true", help="true, or random (ablation: random coordinates)."),
-    drop_no_valid_action: bool = typer.Option(False, help="Also drop turns whose actions all failed."),
-    mode: str = mode_option("world_model", "self-play writes world-model data (observation and prediction "
-                            "replaced by the true states); base or state write none (random or oracle "
-                            "exploration, or self-play with --keep)"),
-    keep: str = typer.Option("all", help="Turns kept, by a label per turn (any but all is rejection sampling "
-                                         "on the model's own responses): " + keep_help(KEEP)),
+    episodes: int = option(SelfPlayConfig, "episodes", min=1),
+    samples: int = option(SelfPlayConfig, "samples", min=1),
+    max_turns: int = option(SelfPlayConfig, "max_turns", min=1),
+    max_actions: int = option(SelfPlayConfig, "max_actions_per_turn", min=1),
+    max_new_tokens: int = option(SelfPlayConfig, "max_new_tokens", min=1),
+    states: str = option(SelfPlayConfig, "states"),
+    exploration: str = option(SelfPlayConfig, "exploration"),
+    coords: str = option(SelfPlayConfig, "coords"),
+    drop_no_valid_action: bool = option(SelfPlayConfig, "drop_no_valid_action"),
+    mode: str = option(SelfPlayConfig, "mode"),
+    keep: str = option(SelfPlayConfig, "keep"),
     bootstrap_episodes: int = typer.Option(0, min=0, help="Format bootstrap before the play: one SFT epoch on "
                                            "this many random-exploration episodes with the true states, as spa "
                                            "run and spa demo do (cached in $SPA_HOME/demo). The default model "
@@ -42,7 +46,7 @@ def selfplay(
                                            "and spa demo use 64). 0: none."),
     precision_name: str = PlayPrecisionOption,
     device: str = DeviceOption,
-    seed: int = typer.Option(0, help="Sampling seed."),
+    seed: int = option(SelfPlayConfig, "seed"),
     option: list[str] = EnvOption,
     set_: list[str] = SetOption,
 ) -> None:
@@ -55,7 +59,7 @@ def selfplay(
     from spa.io import write_json, write_jsonl
     from spa.models.engine import Engine
     from spa.progress import turn_progress
-    from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+    from spa.worldmodel.selfplay import build_examples, collect
 
     make_env(env, option)
     base = dict(env=env, env_config=parse_options(option), episodes=episodes, samples=samples, max_turns=max_turns,
@@ -123,25 +127,25 @@ def sft(
     data: str = typer.Option(..., help="SFT examples (JSONL from spa selfplay)."),
     out: str = typer.Option(..., help="Checkpoint folder (epoch-N subfolders, metrics.json)."),
     model: str = ModelOption,
-    epochs: int = typer.Option(5, min=1, help="Epochs (paper: 5)."),
-    lr: float = typer.Option(1e-4, min=0.0, help="Peak learning rate (paper: 1e-4)."),
-    batch_size: int = typer.Option(8, min=1, help="Sequences per micro-batch."),
-    grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
-    mask_states: bool = typer.Option(False, help="Exclude observation/prediction contents from the loss (ablation)."),
-    val_fraction: float = typer.Option(0.1, min=0.0, max=0.9, help="Held-out share of episodes."),
-    max_length: int = typer.Option(2048, min=16, help="Drop longer examples."),
+    epochs: int = option(SFTConfig, "epochs", min=1),
+    lr: float = option(SFTConfig, "lr", min=0.0),
+    batch_size: int = option(SFTConfig, "batch_size", min=1),
+    grad_accum: int = option(SFTConfig, "grad_accum", min=1),
+    mask_states: bool = option(SFTConfig, "mask_states"),
+    val_fraction: float = option(SFTConfig, "val_fraction", min=0.0, max=0.9),
+    max_length: int = option(SFTConfig, "max_length", min=16),
     resume: bool = typer.Option(False, help="Continue after the last complete epoch in OUT."),
-    lora_rank: int = typer.Option(0, min=0, help="LoRA rank (peft adapters instead of full fine-tuning); 0: off."),
-    precision_name: str = PrecisionOption,
+    lora_rank: int = option(SFTConfig, "lora_rank", min=0),
+    precision_name: str = precision_option(SFTConfig),
     device: str = DeviceOption,
-    seed: int = typer.Option(0, help="Data order and split seed."),
+    seed: int = option(SFTConfig, "seed"),
     set_: list[str] = SetOption,
 ) -> None:
     """World-model SFT on think + answer tokens, states included.
 
     A masked cross-entropy: prompts and environment text are never trained on.
     """
-    from spa.worldmodel.sft import SFTConfig, last_checkpoint, load_examples, resume_model, train
+    from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model, train
 
     if not Path(data).is_file():
         raise typer.BadParameter(f"data file {data!r} does not exist")
@@ -172,28 +176,26 @@ def rl(
     env: str = EnvNameOption,
     out: str = typer.Option(..., help="Run folder: checkpoint/, metrics.jsonl, tensorboard/, eval/."),
     model: str = ModelOption,
-    mode: str = mode_option("base", BASE_MODE_WHY),
-    algorithm: str = typer.Option("ppo", help="ppo (with a critic: GAE advantages) or grpo (no critic: "
-                                              "each episode against its group's mean)."),
-    steps: int = typer.Option(1000, min=1, help="Training steps (paper: 1,000)."),
-    groups: int = typer.Option(32, min=1, help="Training levels per step, each a group of --samples episodes "
-                                               "(paper: 32)."),
-    samples: int = typer.Option(8, min=1, help="Episodes per level: the group (paper: 8)."),
-    max_turns: int = typer.Option(5, min=1, help="Turns per episode."),
-    max_actions: int = typer.Option(3, min=1, help="Actions per turn."),
-    eval_every: int = typer.Option(0, min=0, help="Evaluate every N steps (and at start and end); 0: never."),
-    eval_levels: int = typer.Option(32, min=1, help="Evaluation levels of the periodic evaluation."),
-    eval_samples: int = typer.Option(4, min=1, help="Samples per evaluation level."),
+    mode: str = option(PromptConfig, "mode", default="base", why=BASE_MODE_WHY),
+    algorithm: str = option(PPOConfig, "algorithm"),
+    steps: int = option(PPOConfig, "steps", min=1),
+    groups: int = option(PPOConfig, "groups", min=1),
+    samples: int = option(PPOConfig, "samples", min=1),
+    max_turns: int = option(PromptConfig, "max_turns", min=1),
+    max_actions: int = option(PromptConfig, "max_actions_per_turn", min=1),
+    eval_every: int = option(PPOConfig, "eval_every", min=0),
+    eval_levels: int = option(EvalConfig, "num_envs", min=1, default=32, why=RL_EVAL_WHY),
+    eval_samples: int = option(EvalConfig, "samples", min=1, default=4, why=RL_EVAL_WHY),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint."),
-    precision_name: str = PrecisionOption,
+    precision_name: str = precision_option(PPOConfig),
     device: str = DeviceOption,
     set_: list[str] = SetOption,
     option: list[str] = EnvOption,
 ) -> None:
     """RL stage: PPO with a critic, or GRPO, on multi-turn episodes."""
     from spa.agent.rollout import RolloutConfig
-    from spa.eval.evaluate import EvalConfig, evaluate
-    from spa.rl.ppo import PPOConfig, train
+    from spa.eval.evaluate import evaluate
+    from spa.rl.ppo import train
 
     make_env(env, option)
     prompt = prompt_config(mode, max_turns, max_actions, 0)
