@@ -110,9 +110,28 @@ def run(out: Path) -> dict:
     return result
 
 
+def agreement() -> dict:
+    """What :func:`spa.distributed.on_main` hands every process (the main process's value,
+    computed there as a run of its own; the main process's exception) and the process
+    group's timeout."""
+    from spa import distributed
+
+    def fail():
+        raise ValueError(f"bad value on rank {distributed.world()[0]}")
+
+    result = {"on_main/value": distributed.on_main(distributed.world)}
+    try:
+        distributed.on_main(fail)
+    except ValueError as error:
+        result["on_main/error"] = str(error)
+    group = torch.distributed.group.WORLD
+    result["timeout"] = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    return result
+
+
 if __name__ == "__main__":
     from spa import distributed
 
     folder = Path(sys.argv[1])
-    outcome = run(folder / "runs")
+    outcome = {**run(folder / "runs"), **agreement()}
     torch.save(outcome, folder / f"rank-{distributed.world()[0]}.pt")

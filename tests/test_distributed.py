@@ -11,6 +11,7 @@ global counts reproduce the single-process update (up to fp32 summation order).
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,30 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
         assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
         # the reference trained: the comparison is not between untouched models
         assert single[norms] and all(n > 0 for n in single[norms]), stage
+    # on_main: the main process's value, computed as a run of its own, and its exception, on
+    # both; the group waits the default 2 hours for a main process evaluating alone
+    for rank in (first, second):
+        assert rank["on_main/value"] == (0, 1)
+        assert rank["on_main/error"] == "bad value on rank 0"
+        assert rank["timeout"] == distributed.DEFAULT_TIMEOUT_SECONDS
     # the main process alone wrote the outputs (one metrics line per step, not two)
     assert (tmp_path / "runs" / "sft" / "epoch-1" / "trainer_state.pt").is_file()
     assert len((tmp_path / "runs" / "ppo" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_timeout_of_the_process_group_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(distributed.TIMEOUT_ENV, raising=False)
+    assert distributed.timeout() == timedelta(hours=2)
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "90")
+    assert distributed.timeout() == timedelta(seconds=90)
+    for bad in ("soon", "0", "-5", "nan", "inf"):
+        monkeypatch.setenv(distributed.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"SPA_DIST_TIMEOUT='{bad}' is not a timeout; valid: a finite number of seconds"):
+            distributed.timeout()
+
+
+def test_alone_makes_a_process_a_run_of_its_own():
+    with distributed.alone():
+        assert distributed.world() == (0, 1) and distributed.is_main()
+        assert distributed.on_main(lambda: 7) == 7
+    assert distributed.on_main(lambda: 8) == 8

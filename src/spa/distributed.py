@@ -18,11 +18,21 @@ Only :class:`accelerate.PartialState` is used (the process state behind ``Accele
 shared with one if the caller made it): ranks, the device, ``gather_object``,
 ``broadcast_object_list``, ``reduce`` and ``wait_for_everyone``. Without CUDA (or with
 ``ACCELERATE_USE_CPU``) the processes talk over gloo on CPU.
+
+Work that only the main process does (an evaluation, self-play, a whole stage of
+``spa run`` that is not data-parallel) goes through :func:`on_main`: the others wait
+for its result in a collective, so the process group's timeout must outlast it. It is
+set where the group starts, from ``SPA_DIST_TIMEOUT`` (seconds; default 2 hours, where
+torch's own default is 30 minutes for gloo and 10 for NCCL).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import TypeVar
 
 import torch
@@ -37,6 +47,30 @@ T = TypeVar("T")
 # one collective per bucket instead of one per tensor, without a full copy of the grads.
 BUCKET_ELEMENTS = 1 << 24
 
+TIMEOUT_ENV = "SPA_DIST_TIMEOUT"
+# Long enough for the main process to evaluate 128 levels x 8 samples on a CPU while the
+# others wait (about 15 minutes with SmolLM2-135M on one core) many times over.
+DEFAULT_TIMEOUT_SECONDS = 2 * 3600
+
+# Depth of alone() blocks: inside one, this process acts as a run of its own.
+_alone = 0
+
+
+def timeout() -> timedelta:
+    """How long a collective waits for the other processes: ``SPA_DIST_TIMEOUT`` seconds,
+    else :data:`DEFAULT_TIMEOUT_SECONDS`; a ValueError naming a bad value."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a timeout; valid: a finite number of seconds > 0 "
+                         f"(default {DEFAULT_TIMEOUT_SECONDS})")
+    return timedelta(seconds=seconds)
+
 
 def state() -> PartialState:
     """accelerate's process state, created on first use (it initialises the process group).
@@ -45,15 +79,35 @@ def state() -> PartialState:
     process as a lone one (its gloo path needs the flag) and each would train alone. It
     is also set where ``ACCELERATE_USE_CPU`` says so, as ``--device cpu`` under a launcher
     does (:func:`spa.compute.claim`), so that the processes stay on the CPU beside a GPU.
+    The group's :func:`timeout` applies where this call starts it (the first one).
     """
     cpu = not torch.cuda.is_available() or accelerate_cpu()
-    return PartialState(cpu=cpu)
+    return PartialState(cpu=cpu, timeout=timeout())
 
 
 def world() -> tuple[int, int]:
-    """``(rank, world_size)`` of this process."""
+    """``(rank, world_size)`` of this process; ``(0, 1)`` inside :func:`alone`."""
+    if _alone:
+        return 0, 1
     s = state()
     return s.process_index, s.num_processes
+
+
+@contextmanager
+def alone() -> Iterator[None]:
+    """Inside, this process acts as a single-process run: :func:`world` is ``(0, 1)`` and
+    every helper here is the identity.
+
+    For work the main process does while the others wait for it (:func:`on_main`): an SFT
+    inside it (expert iteration's rounds) would otherwise enter collectives that the
+    waiting processes never join, and hang.
+    """
+    global _alone
+    _alone += 1
+    try:
+        yield
+    finally:
+        _alone -= 1
 
 
 def is_main() -> bool:
@@ -86,9 +140,36 @@ def broadcast_value(value: T) -> T:
 
 
 def on_main(fn: Callable[[], T]) -> T:
-    """``fn()`` run on the main process only (an evaluation that writes files), its result
-    sent to the others, which wait for it."""
-    return broadcast_value(fn() if is_main() else None)
+    """``fn()`` run on the main process only (an evaluation that writes files), as a
+    single-process run (:func:`alone`), its result sent to the others, which wait for it.
+
+    An exception in ``fn`` is raised on every process (the others get the same type and
+    message), so that none of them waits out the timeout for a result that never comes.
+    """
+    if world()[1] == 1:
+        return fn()
+    result, error = None, None
+    if is_main():
+        try:
+            with alone():
+                result = fn()
+        except Exception as caught:  # noqa: BLE001 - sent on, then raised here as well
+            error = caught
+    result, sent = broadcast_value((result, None if error is None else _portable(error)))
+    if error is not None:
+        raise error
+    if sent is not None:
+        raise sent
+    return result
+
+
+def _portable(error: Exception) -> Exception:
+    """``error`` if it survives pickling (to go to the other processes), else a RuntimeError
+    with its type and message."""
+    try:
+        return pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure to pickle means: send the text
+        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 def total(*values: float) -> tuple[float, ...]:

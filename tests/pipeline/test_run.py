@@ -361,7 +361,7 @@ def test_compare_command_tables_the_runs(finished, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in CONFIGS.glob("*.yaml")))
-@pytest.mark.parametrize("budget", ["quick", "learn", "paper"])
+@pytest.mark.parametrize("budget", ["quick", "learn", "paper", "smoke"])
 def test_every_shipped_recipe_loads(recipe, budget):
     loaded = load_recipe(CONFIGS / recipe, preset=budget)
     assert loaded.env.name in recipe
@@ -370,7 +370,7 @@ def test_every_shipped_recipe_loads(recipe, budget):
 def test_recipe_errors_name_the_bad_value():
     with pytest.raises(ConfigError, match="did you mean 'ppo.steps'"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", ["ppo.stepz=3"])
-    with pytest.raises(ValueError, match="valid: learn, paper, quick"):
+    with pytest.raises(ValueError, match="valid: learn, paper, quick, smoke"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", preset="huge")
     with pytest.raises(ConfigError, match="method"):
         load_recipe(CONFIGS / "sokoban-spa.yaml", ["method=magic"])

@@ -29,6 +29,15 @@ SFT (last resume point, at most 10 minutes back), play or evaluation (last finis
 or RL stage (last checkpoint). The resolved recipe is saved as ``config.yaml``; a rerun
 with a different recipe is refused.
 
+Under a launcher (``accelerate launch``, ``torchrun``: several processes) every process
+runs ``spa run`` and the main one alone writes the run folder. The data-parallel stages
+(the fine-tuning of bootstrap, sft and bridge, and ``rl`` with PPO/GRPO) train on every
+process (:mod:`spa.distributed`); the others (self-play, the random-exploration data,
+evaluations, RWML, expert iteration, the report) run on the main process while the
+others wait for its result. What the processes must agree on comes from the main
+process: the finished stages, each stage's outputs and where a stage resumes.
+``stages.json`` records each stage's ``world_size``.
+
 Once a training stage is recorded as finished, its checkpoints lose their trainer state
 (``trainer_state.pt``: optimizer, scheduler, the RL critic), unless the recipe sets
 ``keep_optimizer: true``; weights, tokenizer, data and metrics stay. Only the stage itself
@@ -41,12 +50,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from spa import heap
+from spa import distributed, heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.agent.turnlog import TurnLog
@@ -95,24 +105,33 @@ class Run:
     The recipe's device and precision are decided once, here (:func:`spa.compute.decide`:
     a bad device is a ValueError before any stage runs); every stage loads its models on
     that device and computes in that precision, or in its own where it sets one.
+    Under a launcher only the main process reads and writes the folder and logs (module
+    docstring).
     """
 
     def __init__(self, recipe: Recipe, folder: str | Path, log: Callable[[str], None] = print):
-        self.recipe, self.dir, self.log = recipe, Path(folder), log
+        self.recipe, self.dir = recipe, Path(folder)
+        # Before the process group starts (below): under a launcher it picks CPU or GPU processes.
         self.compute = decide(recipe.device, recipe.precision)
+        self.world_size = distributed.world()[1]
+        self.log = log if distributed.is_main() else _quiet
+        self.stages: dict = distributed.on_main(self._open)
+
+    def _open(self) -> dict:
+        """Create or check the run folder; the stages finished so far."""
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "config.yaml"
         if config.exists():
             # Keys a newer version added are not in the saved file and read as their defaults.
             saved = with_defaults(Recipe, _stage_seeds_as_used(read_yaml(config)))
-            changed = sorted(_diff(saved, to_dict(recipe)) - set(RESULT_NEUTRAL_KEYS))
+            changed = sorted(_diff(saved, to_dict(self.recipe)) - set(RESULT_NEUTRAL_KEYS))
             if changed:
                 raise ValueError(f"{self.dir} holds a run of another recipe (differs in: {', '.join(changed)}); "
                                  "choose another run name or delete the folder")
         else:
-            save(recipe, config)
+            save(self.recipe, config)
         path = self.dir / "stages.json"
-        self.stages: dict = json.loads(path.read_text()) if path.exists() else {}
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def stage_list(self) -> list[str]:
         keep = set(METHOD_STAGES[self.recipe.method])
@@ -132,23 +151,37 @@ class Run:
                 raise ValueError(f"stage {until!r} is not a stage of method {self.recipe.method!r}; "
                                  f"valid: {', '.join(stages)}")
             stages = stages[: stages.index(until) + 1]
-        for stage in self.stages:  # finished earlier: by a run that crashed before dropping, or an older version
-            self._drop_trainer_state(stage)
+        # finished earlier: by a run that crashed before dropping, or an older version
+        distributed.on_main(lambda: [self._drop_trainer_state(stage) for stage in self.stages])
         for stage in stages:
             if stage in self.stages:
                 self.log(f"stage {stage}: done earlier, skipped")
                 continue
             self.log(f"stage {stage}: running")
-            with StageClock(self.dir / "clock.json", stage) as clock:  # counts on across resumes
-                outputs = getattr(self, f"_{stage}")()
-            self.stages[stage] = {"outputs": outputs, "seconds": round(clock.seconds(), 1)}
-            write_json(self.dir / "stages.json", self.stages)
-            # After the record: a crash before it leaves the stage resumable, one after it a
-            # file that the sweep above deletes on the next start.
-            self._drop_trainer_state(stage)
+            # counts on across resumes; the main process's clock is the stage's
+            with StageClock(self.dir / "clock.json", stage) if distributed.is_main() else nullcontext() as clock:
+                outputs = self._run_stage(stage)
+            self.stages[stage] = distributed.on_main(lambda: self._record(stage, outputs, clock.seconds()))
             heap.release()  # the stage's models and optimizer, back to the system (spa.heap)
             self.log(f"stage {stage}: finished in {self.stages[stage]['seconds']} s")
         return self.stages
+
+    def _run_stage(self, stage: str) -> dict:
+        """A stage's outputs, as the main process has them: a data-parallel stage runs on
+        every process, the others on the main one alone (module docstring)."""
+        fn = getattr(self, f"_{stage}")
+        if stage in ("bootstrap", "sft", "bridge") or (stage == "rl" and self.recipe.rl == "ppo"):
+            return distributed.broadcast_value(fn())
+        return distributed.on_main(fn)
+
+    def _record(self, stage: str, outputs: dict, seconds: float) -> dict:
+        """Record a finished stage in ``stages.json`` (main process), then drop its trainer state."""
+        record = {"outputs": outputs, "seconds": round(seconds, 1), "world_size": self.world_size}
+        write_json(self.dir / "stages.json", {**self.stages, stage: record})
+        # After the record: a crash before it leaves the stage resumable, one after it a
+        # file that the sweep at the start deletes on the next start.
+        self._drop_trainer_state(stage)
+        return record
 
     # ------------------------------------------------------------------ helpers
 
@@ -216,12 +249,16 @@ class Run:
                 "malformed": stats["dropped_malformed"], "success_rate": stats["success_rate"]}
 
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int, **overrides) -> str:
-        checkpoint = last_checkpoint(out) if out.exists() else None
+        """Fine-tune ``model`` on ``data`` into ``out`` (on every process), from the main
+        process's last resume point there."""
+        final = out / f"epoch-{epochs}"
+        # written atomically, so whole
+        done, checkpoint = distributed.on_main(
+            lambda: (final.is_dir(), last_checkpoint(out) if out.exists() else None))
         lm, tokenizer = resume_model(partial(self.load, master=True), model, checkpoint)
         config = replace(self.recipe.sft, epochs=epochs, seed=self.recipe.stage_seed(self.recipe.sft),
                          precision=self.recipe.stage_precision(self.recipe.sft), **overrides)
-        final = out / f"epoch-{epochs}"
-        if not final.is_dir():  # written atomically, so whole
+        if not done:
             train_sft(lm, tokenizer, load_examples(data), config, out, resume_from=checkpoint,
                       compute=self.stage_compute(self.recipe.sft))
         return str(final)
@@ -256,8 +293,9 @@ class Run:
 
     def _bootstrap(self) -> dict:
         s = self.recipe.selfplay
-        data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
-                                   mode=self.recipe.bootstrap_mode, exploration_actions=s.bootstrap_actions)
+        data = distributed.on_main(partial(
+            self._selfplay_data, None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
+            mode=self.recipe.bootstrap_mode, exploration_actions=s.bootstrap_actions))
         model = self._fine_tune(self.recipe.model, data["data"], self.dir / "bootstrap", s.bootstrap_epochs)
         return {**data, "model": model}
 
@@ -277,8 +315,9 @@ class Run:
         # (docs/making-rl-learn.md, "The learn preset on FrozenLake"). No held-out split: the
         # targets are random actions.
         s = self.recipe.selfplay
-        data = self._selfplay_data(None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
-                                   mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions)
+        data = distributed.on_main(partial(
+            self._selfplay_data, None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
+            mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions))
         model = self._fine_tune(self.output("sft"), data["data"], self.dir / "bridge", s.bootstrap_epochs,
                                 val_fraction=0.0)
         return {**data, "model": model}
@@ -311,7 +350,7 @@ class Run:
             return self._iterate()
         r = self.recipe
         out = self.dir / "rl"
-        checkpoint = resume_point(out)
+        checkpoint = distributed.on_main(partial(resume_point, out))
         lm, tokenizer = self.load(str(checkpoint / "policy") if checkpoint else self.start_model(), master=True)
         rollout_config = RolloutConfig(r.env.name, dict(r.rl_env_options), self.prompt(r.rl_mode))
         config = replace(r.ppo, seed=r.stage_seed(r.ppo), precision=r.stage_precision(r.ppo))
@@ -381,6 +420,10 @@ class Run:
 
     def _report(self) -> dict:
         return {"report": str(write_report(self.dir))}
+
+
+def _quiet(text: str) -> None:
+    """The log of a process other than the main one: the main process says it once."""
 
 
 def _stage_seeds_as_used(saved: dict) -> dict:
