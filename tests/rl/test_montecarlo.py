@@ -115,6 +115,24 @@ def test_label_advantages_by_hand(tiny, monkeypatch):
     assert label_advantages([down, win, junk], 400, 1, (0,)) == [[0.0, 0.0], [1.0], [0.0, 1.0]]
 
 
+def test_log_objective_weights_a_best_move_by_its_state_share(tiny):
+    """Three episodes start on the corner lake: one plays Right (the best move), two play
+    Down. At the start 1 of 3 turns was best, so p = 1/3: Right gets 1 / (1/3) - 1 = 2 and
+    each Down -1 (their sum is 0, a baseline per state). Both Downs then stand at (1,0),
+    where no move stands out with one action of look-ahead: 0. A state played once gives 0."""
+    _, tokenizer = tiny
+    config = lake_rollout()
+    right = played(config, ["<answer>Right</answer>"], tokenizer)
+    downs = [played(config, ["<answer>Down</answer>", "<answer>Left</answer>"], tokenizer) for _ in range(2)]
+    assert label_advantages([right, *downs], 400, 1, (0,), "log") == [[2.0], [-1.0, 0.0], [-1.0, 0.0]]
+    assert label_advantages([right, *downs], 400, 1, (0,), "linear") == [[1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert label_advantages([right], 400, 1, (0,), "log") == [[0.0]]
+    with pytest.raises(ValueError, match="objective 'square' is not known; valid: linear, log"):
+        label_advantages([right], 400, 1, (0,), "square")
+    with pytest.raises(ValueError, match="value_objective 'square' is not known; valid: linear, log"):
+        PPOConfig(advantage="value", value_objective="square")
+
+
 def test_vine_advantages_by_hand():
     assert vine_advantages([-0.1, 0.0, 1.0], [0.5, 0.6, 0.9]) == pytest.approx([0.0, 0.3, 0.1])
     with pytest.raises(ValueError, match="3 turns need as many values"):

@@ -13,6 +13,8 @@ ALGORITHMS = ("ppo", "grpo")
 #: Advantage estimators by algorithm, the first the default. ``mc``: per-turn Monte-Carlo
 #: advantages from copies of the environment (:mod:`spa.rl.montecarlo`), with either loss.
 ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc", "value"), "grpo": ("grpo", "grpo_no_std", "mc", "value")}
+#: What advantage=value trains (spa.rl.montecarlo.label_advantages).
+VALUE_OBJECTIVES = ("linear", "log")
 #: The estimators that give each turn its own advantage from copies of the environment.
 PER_TURN = ("mc", "value")
 CONTINUATIONS = ("random", "policy")
@@ -49,6 +51,11 @@ class PPOConfig:
         "at every state); advantage=value: per legal action and state.")})
     value_horizon: int = field(default=5, metadata={"help": (
         "advantage=value: actions per continuation, the first one included (the value rounds' 5).")})
+    value_objective: str = field(default="linear", metadata={"help": (
+        "advantage=value: linear trains the expected label (A = the label, 1 or 0), whose ascent "
+        "takes a policy blind to the state to the one move best most often; log trains the sum over "
+        "states of log pi(best | s), behaviour cloning's objective (A = label / p_s - 1, p_s the share "
+        "of the step's turns at that state whose move was best; spa.rl.montecarlo.label_advantages).")})
     train_turns: int = field(default=0, metadata={"help": (
         "advantage=mc or value: train on this many turns a step (0: all), drawn with replacement with probability "
         "proportional to the size of their advantage, each given sign(A) x (times drawn) x the step's mean |A| "
@@ -154,6 +161,9 @@ class PPOConfig:
         if self.advantage not in ESTIMATORS[self.algorithm]:
             raise ValueError(f"advantage {self.advantage!r} does not go with {self.algorithm}; valid: "
                              f"{', '.join(ESTIMATORS[self.algorithm])}")
+        if self.value_objective not in VALUE_OBJECTIVES:
+            raise ValueError(f"value_objective {self.value_objective!r} is not known; valid: "
+                             f"{', '.join(VALUE_OBJECTIVES)}")
         if self.mc_continuation not in CONTINUATIONS:
             raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
                              f"{', '.join(CONTINUATIONS)}")

@@ -37,7 +37,9 @@ step size no longer depends on the task's reward units (FrozenLake 1, Sokoban up
 
 from __future__ import annotations
 
+import json
 import zlib
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -94,16 +96,42 @@ def random_advantages(trajectories: list[Trajectory], config: RolloutConfig, rol
     return out
 
 
-def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int,
-                     seed: tuple[int, ...]) -> list[list[float]]:
-    """1 for every turn whose first action is among the best at its state by Monte-Carlo
-    value under random continuation, else 0 (a turn with no action included): the label the
-    Monte-Carlo-value rounds keep (:func:`spa.agent.labels.label_turns`, which sets each
-    turn's ``value_first``), as a per-turn advantage for the policy gradient. Unlike
-    ``Q - V`` of the played move, it asks whether the move was the best of *all* the legal
-    moves, each valued by ``rollouts`` continuations of ``horizon`` actions."""
+def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int, seed: tuple[int, ...],
+                     objective: str = "linear") -> list[list[float]]:
+    """Per-turn advantages from the value label: whether a turn's first action is among the
+    best at its state by Monte-Carlo value under random continuation (the label the
+    Monte-Carlo-value rounds keep, :func:`spa.agent.labels.label_turns`; a turn with no
+    action is not best). Unlike ``Q - V`` of the played move, the label asks whether the
+    move was the best of *all* the legal moves, each valued by ``rollouts`` continuations
+    of ``horizon`` actions.
+
+    ``objective="linear"``: the label itself, 1 or 0: the policy gradient of the expected
+    label, ``sum_s pi(best | s)``. For a policy that does not yet tell the states apart its
+    ascent leads to the one move that is best most often, whatever the state.
+
+    ``objective="log"``: ``label / p_s - 1``, with ``p_s`` the fraction of the step's turns
+    played from the same state (level, turn index and grid) whose move was best: the
+    REINFORCE estimate, with a baseline, of the gradient of ``sum_s log pi(best | s)``, the
+    objective of behaviour cloning on the label. Its optimum for a policy blind to the state
+    plays each move as often as it is best (probability matching), not one move. A state
+    played once, or where no turn's move or every turn's move was best, gives 0: there is no
+    estimate of ``p_s``, or nothing to push toward.
+    """
     label_turns(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
-    return [[float(turn.value_first) for turn in trajectory.turns] for trajectory in trajectories]
+    labels = [[float(turn.value_first) for turn in trajectory.turns] for trajectory in trajectories]
+    if objective == "linear":
+        return labels
+    if objective != "log":
+        raise ValueError(f"objective {objective!r} is not known; valid: linear, log")
+    keys = [[(trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed, t, env.render())
+             for t, env in replay(trajectory)] for trajectory in trajectories]
+    visits, best = Counter(), Counter()
+    for episode_keys, episode_labels in zip(keys, labels):
+        visits.update(episode_keys)
+        best.update(key for key, label in zip(episode_keys, episode_labels) if label)
+    return [[label * visits[key] / best[key] - 1.0 if visits[key] > 1 and 0 < best[key] < visits[key] else 0.0
+             for key, label in zip(episode_keys, episode_labels)]
+            for episode_keys, episode_labels in zip(keys, labels)]
 
 
 def vine_advantages(rewards: list[float], values: list[float]) -> list[float]:

@@ -404,7 +404,7 @@ def _turn_values(engine, tokenizer, trajectories: list[Trajectory], rollout_conf
     its value label (1 when its first action is among the best by Monte-Carlo value), before any scaling."""
     if config.advantage == "value":
         return montecarlo.label_advantages(trajectories, config.mc_rollouts, config.value_horizon,
-                                           (config.seed, step))
+                                           (config.seed, step), config.value_objective)
     if config.mc_continuation == "random":
         return montecarlo.random_advantages(trajectories, rollout_config, config.mc_rollouts, (config.seed, step))
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
