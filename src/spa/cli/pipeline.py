@@ -14,8 +14,9 @@ def run(
     config: str = typer.Argument(..., help="Recipe YAML, e.g. configs/sokoban-spa.yaml."),
     overrides: list[str] = typer.Argument(None, help="Recipe fields as key=value, e.g. ppo.steps=20."),
     preset: str = typer.Option("learn", help="Budget preset: learn (CPU, about 2.5 h: RL that can show a "
-                                             "curve), quick (CPU, a smoke run of every stage), paper, or a "
-                                             "YAML file."),
+                                             "curve), quick (CPU, a short run of every stage on the default "
+                                             "model), smoke (the tiny random model, seconds a stage: the "
+                                             "plumbing, e.g. under a launcher), paper, or a YAML file."),
     name: str = typer.Option(None, help="Run name (default: recipe name and preset)."),
     runs_dir: str = typer.Option("runs", envvar="SPA_RUNS_DIR",
                                  help="Folder of the runs; keep it outside a checkout that may be laid anew."),
