@@ -169,10 +169,11 @@ class PPOConfig:
                              f"{', '.join(CONTINUATIONS)}")
         if self.train_turns and self.advantage not in PER_TURN:
             raise ValueError("train_turns needs advantage=mc or value: it draws turns by their own advantage, "
-                             "and the other estimators give every turn of an episode (or a token) its own share of one score")
+                             "and the other estimators give every turn of an episode (or a token) its own share "
+                             "of one score")
         if self.advantage in PER_TURN and self.balance_episodes:
-            raise ValueError(f"balance_episodes does not go with advantage={self.advantage}: per-turn advantages need no "
-                             "episode weights, and scaling a turn by its episode's length biases the gradient")
+            raise ValueError(f"balance_episodes does not go with advantage={self.advantage}: per-turn advantages "
+                             "need no episode weights, and scaling a turn by its episode's length biases the gradient")
         core.get(core.KL_ESTIMATORS, self.kl_estimator, "KL estimator")
         core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
         checks = {"steps": self.steps >= 1, "groups": self.groups >= 1, "samples": self.samples >= 1,

@@ -123,8 +123,11 @@ def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int
         return labels
     if objective != "log":
         raise ValueError(f"objective {objective!r} is not known; valid: linear, log")
-    keys = [[(trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed, t, env.render())
-             for t, env in replay(trajectory)] for trajectory in trajectories]
+    # The state before turn t is the grid turn t - 1 left (label_turns checked it on replay);
+    # every sample of a level starts from the same one.
+    keys = [[(trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed, t,
+              trajectory.turns[t - 1].grid_after if t else None) for t in range(len(trajectory.turns))]
+            for trajectory in trajectories]
     visits, best = Counter(), Counter()
     for episode_keys, episode_labels in zip(keys, labels):
         visits.update(episode_keys)
