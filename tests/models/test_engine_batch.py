@@ -24,7 +24,6 @@ CONFIGS_WITH_AN_ENGINE = (EvalConfig, SelfPlayConfig, IterateConfig, RWMLConfig,
 
 
 def test_one_default_everywhere():
-    # PPOConfig spells its default out (spa.rl.config takes no import for it): this holds them together
     assert {cls().engine_batch for cls in CONFIGS_WITH_AN_ENGINE} == {DEFAULT_BATCH}
 
 

@@ -139,10 +139,6 @@ class SFTSection(SFTConfig):
 class PPOSection(PPOConfig):
     seed: int | None = field(default=None, metadata={"help": _STAGE_SEED_HELP})
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_batch(self.engine_batch)  # at load time; PPOConfig leaves it to spa.rl.ppo.train
-
 
 @dataclass
 class RWMLSection(RWMLConfig):

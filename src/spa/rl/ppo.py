@@ -55,7 +55,7 @@ from spa.compute import for_model
 from spa.eval.metrics import summarize
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
-from spa.models.engine import Engine, SamplingParams, check_batch
+from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages, draw_turns
@@ -239,7 +239,6 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     ``config.precision`` on the policy's device.
     Launched on several processes, they train one policy together (module docstring).
     """
-    check_batch(config.engine_batch)  # PPOConfig's own checks predate the field
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
