@@ -269,6 +269,24 @@ def test_kl_penalty_by_hand():
     close(kl_penalty(x, x, "k3"), torch.zeros(3, 5))
 
 
+def test_exact_kl_by_hand():
+    """p = (1/2, 1/2, 0), q = (1/4, 1/4, 1/2): KL = 2 * (1/2) log 2 = log 2; the token p gives
+    probability 0 (a -inf logit) adds nothing. Zero for equal rows, also shifted ones."""
+    logits = torch.log(t([0.5, 0.5, 0.0]))
+    close(core.exact_kl(logits, torch.log(t([0.25, 0.25, 0.5]))), [math.log(2)])
+    x = torch.randn(2, 4, 7)
+    close(core.exact_kl(x, x + 3.0), torch.zeros(2, 4))
+
+
+def test_exact_kl_pulls_back_a_token_the_policy_stopped_sampling():
+    """The exact KL's gradient raises the logit of a token at probability ~0 that the
+    reference plays, where a sampled estimator never sees that token at all."""
+    logits = torch.tensor([[8.0, 0.0, -12.0]], requires_grad=True)
+    core.exact_kl(logits, torch.zeros(1, 3)).sum().backward()
+    assert logits.grad[0, 2] < 0  # descent raises it
+    assert logits.grad[0, 0] > 0  # and lowers the token the policy over-plays
+
+
 def test_aggregation_modes_on_ragged_mask():
     loss = t([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0], [5.0, 5.0, 5.0, NAN])
     m = t([1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0])

@@ -353,6 +353,32 @@ def test_the_logged_policy_loss_is_the_clipped_surrogate_alone(tiny):
         stats["actor/policy_loss"] + stats["actor/entropy_loss"] + stats["actor/kl_loss"], rel=1e-5)
 
 
+def test_the_exact_kl_term_is_the_token_mean_of_the_full_distributions_kl(tiny):
+    """kl_estimator=full: actor/kl_ref is the token mean over the response of the exact
+    KL between the policy's and the reference's next-token distributions."""
+    model, _ = tiny
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.get_output_embeddings().weight.mul_(3)
+    sample = Sample([1, 2, 3, 40, 41, 42, 43], 3, torch.zeros(4), 0, 0)
+    ids, attention, targets = collate([sample], 0)
+    with torch.no_grad():
+        logprobs, _, _ = policy_forward(model, ids, attention, targets)
+        positions = targets[0, 1:].nonzero()[:, 0]  # position i predicts token i + 1
+        p = torch.log_softmax(model(ids, attention_mask=attention).logits[0, positions].float(), -1)
+        q = torch.log_softmax(reference(ids, attention_mask=attention).logits[0, positions].float(), -1)
+    expected = (p.exp() * (p - q)).sum(-1).mean().item()
+    sample.old_logprobs, sample.advantages = logprobs[0], torch.ones(4)
+    config = PPOConfig(algorithm="grpo", minibatch_size=1, micro_batch_size=1, precision="fp32",
+                       kl_coef=0.25, kl_estimator="full")
+    policy = copy.deepcopy(model)
+    stats = update_actor(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0), [sample],
+                         local_table([sample], config.aggregation), config, 0, torch.autocast("cpu", enabled=False),
+                         np.random.default_rng(0))
+    assert stats["actor/kl_ref"] == pytest.approx(expected, rel=1e-4) and expected > 1e-3
+    assert stats["actor/kl_loss"] == pytest.approx(0.25 * expected, rel=1e-4)
+
+
 def test_recompute_applies_the_sampling_temperature(tiny):
     """The engine samples from softmax(logits / T) and records those log-probs; the
     trainer's recompute must give the same numbers (fp32: to float precision)."""

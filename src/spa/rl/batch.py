@@ -227,12 +227,34 @@ def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entro
     1 before any update (T = 0.7: ratio 0.944, clipfrac 0.073). Top-p truncation is not
     reproduced (the RL stage samples with top_p = 1).
     """
-    hidden = hidden_before_targets(model.get_decoder(), ids, attention, targets)
-    logits = model.get_output_embeddings()(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][targets[:, 1:]][:, None])[:, 0]
+    logits = _response_logits(model, ids, attention, targets, temperature)
     lengths = targets.sum(1).tolist()
-    logprobs, mask = _unflatten(logprobs, lengths)
+    logprobs, mask = _unflatten(_sampled(logits, ids, targets), lengths)
     ent = _unflatten(core.entropy_from_logits(logits), lengths)[0] if entropy else None
     return logprobs, ent, mask
+
+
+def forward_with_kl(model, reference, ids: Tensor, attention: Tensor, targets: Tensor,
+                    temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`policy_forward`'s log-probs, entropies and mask, and the exact KL from the
+    policy to ``reference`` over the whole vocabulary at each response position (B, R)
+    (:func:`spa.rl.core.exact_kl`). The reference runs without gradients."""
+    logits = _response_logits(model, ids, attention, targets, temperature)
+    with torch.no_grad():
+        ref_logits = _response_logits(reference, ids, attention, targets, temperature)
+    lengths = targets.sum(1).tolist()
+    logprobs, mask = _unflatten(_sampled(logits, ids, targets), lengths)
+    entropy = _unflatten(core.entropy_from_logits(logits), lengths)[0]
+    return logprobs, entropy, _unflatten(core.exact_kl(logits, ref_logits), lengths)[0], mask
+
+
+def _response_logits(model, ids: Tensor, attention: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """The sampling distribution's logits (N, V) at the N positions that predict response tokens."""
+    hidden = hidden_before_targets(model.get_decoder(), ids, attention, targets)
+    logits = model.get_output_embeddings()(hidden).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _sampled(logits: Tensor, ids: Tensor, targets: Tensor) -> Tensor:
+    """The log-probs (N,) of the response tokens under the logits (N, V) that predict them."""
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][targets[:, 1:]][:, None])[:, 0]

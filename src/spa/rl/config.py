@@ -92,7 +92,11 @@ class PPOConfig:
     value_clip: float = 0.5
     entropy_coef: float = 1e-3
     kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    kl_estimator: str = "k3"
+    kl_estimator: str = field(default="k3", metadata={"help": (
+        "kl_coef > 0: the per-token KL to the reference. k1, k2, k3, abs: estimates from the sampled "
+        "tokens' log-probs (spa.rl.core.kl_penalty); full: the exact sum over the vocabulary "
+        "(spa.rl.core.exact_kl), which also pulls back a move the policy no longer samples while the "
+        "reference still plays it (costs the reference's full logits per micro-batch).")})
     aggregation: str = "token-mean"
     ppo_epochs: int = 1
     minibatch_size: int = 32  # turns per optimizer step
@@ -176,7 +180,8 @@ class PPOConfig:
             raise ValueError(f"balance_episodes does not go with advantage={self.advantage}: per-turn advantages "
                              "need no episode weights, and scaling a turn by its episode's length biases the gradient")
         check_batch(self.engine_batch)
-        core.get(core.KL_ESTIMATORS, self.kl_estimator, "KL estimator")
+        if self.kl_estimator != core.EXACT_KL:
+            core.get({**core.KL_ESTIMATORS, core.EXACT_KL: None}, self.kl_estimator, "KL estimator")
         core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
         checks = {"steps": self.steps >= 1, "groups": self.groups >= 1, "samples": self.samples >= 1,
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,

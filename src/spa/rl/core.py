@@ -27,7 +27,8 @@ from torch import Tensor
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "broadcast_to_tokens",
-    "entropy_from_logits", "episode_balance", "explained_variance", "gae", "get", "group_advantages", "kl_penalty",
+    "entropy_from_logits", "episode_balance", "exact_kl", "explained_variance", "gae", "get", "group_advantages",
+    "kl_penalty",
     "magnitude_draw", "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "turn_gae", "value_loss", "whiten_with",
 ]
 
@@ -434,6 +435,8 @@ def _kl_abs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "k1": _kl_k1, "k2": _kl_k2, "k3": _kl_k3, "abs": _kl_abs,
 }
+# Not a function of the sampled tokens' log-probs: the whole distributions (exact_kl).
+EXACT_KL = "full"
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tensor:
@@ -445,6 +448,22 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tens
     """
     dtype = _up(logprobs, ref_logprobs)
     return get(KL_ESTIMATORS, kind, "KL estimator")(logprobs.to(dtype), ref_logprobs.to(dtype))
+
+
+def exact_kl(logits: Tensor, ref_logits: Tensor) -> Tensor:
+    """KL[p || q] = sum_v p_v (log p_v - log q_v) per position, over the whole vocabulary,
+    with p = softmax(logits) (the policy) and q = softmax(ref_logits). (..., V) -> (...).
+
+    The sampled estimators (:data:`KL_ESTIMATORS`) only see the tokens the policy samples,
+    so a move whose probability has fallen toward 0 while the reference still plays it is
+    never sampled and never pulled back; the exact sum pulls it back wherever it is
+    compared. Tokens with p_v = 0 (-inf logits) contribute 0.
+    """
+    dtype = _up(logits, ref_logits)
+    logp = torch.log_softmax(logits.to(dtype), -1)
+    logq = torch.log_softmax(ref_logits.to(dtype), -1)
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - logq), 0.0).sum(-1)
 
 
 # ---------------------------------------------------------------------------- registries

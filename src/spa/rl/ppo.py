@@ -59,7 +59,7 @@ from spa.models.engine import Engine, SamplingParams
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages, draw_turns
-from spa.rl.batch import (Sample, collate, loss_masks, pad_responses, policy_forward,
+from spa.rl.batch import (Sample, collate, forward_with_kl, loss_masks, pad_responses, policy_forward,
                           turn_samples)
 from spa.rl.config import ALGORITHMS, ESTIMATORS, PER_TURN, PPOConfig  # noqa: F401 (re-exported)
 from spa.rl.critic import Critic
@@ -115,8 +115,13 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
         batch_tokens = 0
         for mb in micro_batches:
             batch = on_device(collate(mb, pad_id), policy)
+            exact = reference is not None and config.kl_estimator == core.EXACT_KL
             with autocast:
-                logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
+                if exact:
+                    logprobs, entropy, kl_tokens, mask = forward_with_kl(policy, reference, *batch,
+                                                                         temperature=config.temperature)
+                else:
+                    logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
             old, adv, in_loss = on_device([pad_responses([s.old_logprobs for s in mb])[0],
                                             pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
             mask = mask & in_loss
@@ -126,9 +131,11 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
             entropy_loss = -config.entropy_coef * ent
             kl_loss = torch.zeros_like(entropy_loss)
             if reference is not None:
-                with torch.no_grad(), autocast:
-                    ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
-                kl = core.aggregate(core.kl_penalty(logprobs, ref, config.kl_estimator), mask, config.aggregation)
+                if not exact:
+                    with torch.no_grad(), autocast:
+                        ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
+                    kl_tokens = core.kl_penalty(logprobs, ref, config.kl_estimator)
+                kl = core.aggregate(kl_tokens, mask, config.aggregation)
                 kl_loss = config.kl_coef * kl
                 stats["kl_ref"] = kl.item()
             loss = pg_loss + entropy_loss + kl_loss
