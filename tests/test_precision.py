@@ -85,6 +85,18 @@ def test_announce_prints_once_with_the_warning(cpu_kind, monkeypatch):
     assert lines[0] == "compute: bf16 (asked for)" and lines[1].startswith("warning: bf16 was asked for")
 
 
+def test_announce_is_silent_on_the_other_processes_of_a_launch(cpu_kind, monkeypatch):
+    monkeypatch.setattr(precision, "_announced", set())
+    cpu_kind("AVX2", bf16=False)
+    out = io.StringIO()
+    monkeypatch.setenv("RANK", "1")
+    precision.announce(precision.resolve("auto", "cpu"), file=out)
+    assert out.getvalue() == ""
+    monkeypatch.setenv("RANK", "0")
+    precision.announce(precision.resolve("auto", "cpu"), file=out)
+    assert out.getvalue().startswith("compute: fp32")
+
+
 def test_autocast_matches_the_precision():
     x = torch.randn(4, 8)
     w = torch.randn(8, 8)

@@ -18,6 +18,7 @@ where it starts (:func:`spa.compute.decide`), and reports the choice once (:func
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 
@@ -106,10 +107,11 @@ def resolve(name: str = "auto", device: torch.device | str = "cpu") -> Precision
 
 
 def announce(precision: Precision, file=None, where: str = "") -> None:
-    """Print ``compute: fp32 (this CPU ... has no native bf16)`` once per process, and
-    the warning of a slow explicit choice; ``where`` goes after the name (`` on cpu``)."""
+    """Print ``compute: fp32 (this CPU ... has no native bf16)`` once, and the warning of a
+    slow explicit choice; ``where`` goes after the name (`` on cpu``). Under a launcher only
+    the first process prints (``RANK``, set by torchrun and accelerate launch, is 0)."""
     line = f"compute: {precision.name}{where} ({precision.reason})"
-    if line in _announced:
+    if line in _announced or os.environ.get("RANK", "0") != "0":
         return
     _announced.add(line)
     out = file or sys.stderr
