@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -47,7 +46,9 @@ def run(
     except RuntimeError as error:  # a stage that cannot go on (e.g. self-play kept no example)
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
-    if until is None and os.environ.get("RANK", "0") == "0":  # once under a launcher
+    from spa import distributed
+
+    if until is None and distributed.is_main():  # once under a launcher
         console.print(f"report: {folder / 'report.md'}")
 
 

@@ -227,11 +227,7 @@ def policy_forward(model, ids: Tensor, attention: Tensor, targets: Tensor, entro
     1 before any update (T = 0.7: ratio 0.944, clipfrac 0.073). Top-p truncation is not
     reproduced (the RL stage samples with top_p = 1).
     """
-    logits = _response_logits(model, ids, attention, targets, temperature)
-    lengths = targets.sum(1).tolist()
-    logprobs, mask = _unflatten(_sampled(logits, ids, targets), lengths)
-    ent = _unflatten(core.entropy_from_logits(logits), lengths)[0] if entropy else None
-    return logprobs, ent, mask
+    return _per_position(_response_logits(model, ids, attention, targets, temperature), ids, targets, entropy)
 
 
 def forward_with_kl(model, reference, ids: Tensor, attention: Tensor, targets: Tensor,
@@ -242,10 +238,8 @@ def forward_with_kl(model, reference, ids: Tensor, attention: Tensor, targets: T
     logits = _response_logits(model, ids, attention, targets, temperature)
     with torch.no_grad():
         ref_logits = _response_logits(reference, ids, attention, targets, temperature)
-    lengths = targets.sum(1).tolist()
-    logprobs, mask = _unflatten(_sampled(logits, ids, targets), lengths)
-    entropy = _unflatten(core.entropy_from_logits(logits), lengths)[0]
-    return logprobs, entropy, _unflatten(core.exact_kl(logits, ref_logits), lengths)[0], mask
+    logprobs, entropy, mask = _per_position(logits, ids, targets, entropy=True)
+    return logprobs, entropy, _unflatten(core.exact_kl(logits, ref_logits), targets.sum(1).tolist())[0], mask
 
 
 def _response_logits(model, ids: Tensor, attention: Tensor, targets: Tensor, temperature: float) -> Tensor:
@@ -255,6 +249,11 @@ def _response_logits(model, ids: Tensor, attention: Tensor, targets: Tensor, tem
     return logits / temperature if temperature != 1.0 else logits
 
 
-def _sampled(logits: Tensor, ids: Tensor, targets: Tensor) -> Tensor:
-    """The log-probs (N,) of the response tokens under the logits (N, V) that predict them."""
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][targets[:, 1:]][:, None])[:, 0]
+def _per_position(logits: Tensor, ids: Tensor, targets: Tensor, entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """From the logits (N, V) that predict the response tokens: their log-probs (B, R), the
+    entropies (B, R) or None, and the mask."""
+    lengths = targets.sum(1).tolist()
+    sampled = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][targets[:, 1:]][:, None])[:, 0]
+    logprobs, mask = _unflatten(sampled, lengths)
+    ent = _unflatten(core.entropy_from_logits(logits), lengths)[0] if entropy else None
+    return logprobs, ent, mask

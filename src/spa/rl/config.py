@@ -180,8 +180,7 @@ class PPOConfig:
             raise ValueError(f"balance_episodes does not go with advantage={self.advantage}: per-turn advantages "
                              "need no episode weights, and scaling a turn by its episode's length biases the gradient")
         check_batch(self.engine_batch)
-        if self.kl_estimator != core.EXACT_KL:
-            core.get({**core.KL_ESTIMATORS, core.EXACT_KL: None}, self.kl_estimator, "KL estimator")
+        core.get({**core.KL_ESTIMATORS, core.EXACT_KL: None}, self.kl_estimator, "KL estimator")
         core.get(core.AGGREGATIONS, self.aggregation, "aggregation")
         checks = {"steps": self.steps >= 1, "groups": self.groups >= 1, "samples": self.samples >= 1,
                   "keep_fraction": 0 < self.keep_fraction <= 1, "ppo_epochs": self.ppo_epochs >= 1,

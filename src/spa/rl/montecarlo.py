@@ -49,6 +49,7 @@ from spa.agent.prompts import state_block
 from spa.agent.rollout import RolloutConfig, Start, Trajectory, play_on
 from spa.envs.lookahead import continuation_return
 from spa.models.engine import SamplingParams
+from spa.rl.config import VALUE_OBJECTIVES
 
 
 def action_budgets(trajectory: Trajectory, config: RolloutConfig) -> list[tuple[int, int]]:
@@ -122,7 +123,7 @@ def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int
     if objective == "linear":
         return labels
     if objective != "log":
-        raise ValueError(f"objective {objective!r} is not known; valid: linear, log")
+        raise ValueError(f"objective {objective!r} is not known; valid: {', '.join(VALUE_OBJECTIVES)}")
     # The state before turn t is the grid turn t - 1 left (label_turns checked it on replay);
     # every sample of a level starts from the same one.
     keys = [[(trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed, t,

@@ -110,12 +110,12 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     totals: dict[str, float] = {}
     first: dict[str, float] = {}
     count, first_count, norms, stopped = 0, 0, [], 0.0
+    exact = reference is not None and config.kl_estimator == core.EXACT_KL
     for index, (micro_batches, total) in enumerate(minibatches(samples, table, config, rng)):
         batch_kl: dict[str, float] = {"kl": 0.0}
         batch_tokens = 0
         for mb in micro_batches:
             batch = on_device(collate(mb, pad_id), policy)
-            exact = reference is not None and config.kl_estimator == core.EXACT_KL
             with autocast:
                 if exact:
                     logprobs, entropy, kl_tokens, mask = forward_with_kl(policy, reference, *batch,
