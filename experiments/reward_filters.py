@@ -22,6 +22,11 @@ the highest Monte-Carlo value at its state (the reward under random continuation
 of the environment, ``spa.envs.lookahead``), found by replaying each episode; it takes about a
 minute for a thousand episodes.
 
+With ``--value`` a second table gives, for each first move, how often it was played and how
+often it was best when played (by value, and by the solver). A policy that does not yet
+tell the states apart gains, under the policy gradient of the expected label, on the
+move whose rate is highest, whatever the state (docs/making-rl-learn.md).
+
 ``--group`` splits each level's samples into groups of that size, as ``spa iterate
 --samples`` plays them (the group filters compare only within a group).
 """
@@ -142,6 +147,19 @@ def groups_of(episodes: list[Episode], size: int) -> list[list[Episode]]:
     return out
 
 
+def move_rates(episodes: list[Episode]) -> dict[str, tuple[int, float, float]]:
+    """For each first move of the well-formed turns: (times played, share of them best by
+    value, share best by the solver), most played first; needs :func:`label_by_value`."""
+    plays: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for episode in episodes:
+        for turn in turns(episode):
+            if turn["actions"]:
+                plays[turn["actions"][0]].append((bool(turn["value_first"]), bool(turn["best_first"])))
+    rates = {move: (len(rows), sum(v for v, _ in rows) / len(rows), sum(b for _, b in rows) / len(rows))
+             for move, rows in plays.items()}
+    return dict(sorted(rates.items(), key=lambda kv: -kv[1][0]))
+
+
 def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples per group."),
          value: Annotated[bool, typer.Option(help="Add the Monte-Carlo value label (spa iterate --keep value).")]
          = False,
@@ -164,6 +182,10 @@ def main(trajectories: Path, group: int = typer.Option(4, min=1, help="Samples p
         chance = sum(w * chance_of_best(turn) for turn, w in rows) / total if lake and total else None
         print(f"| {name} | {len(rows)} | {total:.0f} | {100 * best:.1f}% |"
               + (f" {100 * chance:.1f}% |" if chance is not None else ""))
+    if value:
+        print("\n| first move | turns | best by value when played | best by the solver when played |\n|---|---|---|---|")
+        for move, (count, by_value_rate, by_solver_rate) in move_rates(episodes).items():
+            print(f"| {move} | {count} | {100 * by_value_rate:.1f}% | {100 * by_solver_rate:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -207,6 +207,16 @@ def test_main_adds_the_value_label_on_saved_trajectories(filters, tmp_path, caps
     value = rows["first move best by value, 32 x 3 (spa iterate --keep value)"]
     assert 0 < int(value[1]) < int(rows["all turns"][1])
     assert float(value[3].rstrip("%")) > float(rows["all turns"][3].rstrip("%"))
+    # the per-move table: every played first move, its count and its rates, by hand
+    filters.label_by_value(episodes, 32, 3)  # what main did to its own copy
+    rates = filters.move_rates(episodes)
+    played = [t for e in episodes for t in e["turns"] if t["format_ok"] and t["actions"]]
+    assert sum(n for n, _, _ in rates.values()) == len(played)
+    for move, (n, by_value_rate, by_solver_rate) in rates.items():
+        mine = [t for t in played if t["actions"][0] == move]
+        assert n == len(mine) and by_value_rate == sum(t["value_first"] for t in mine) / n
+        assert by_solver_rate == sum(t["best_first"] for t in mine) / n
+        assert rows[move][1] == str(n)
 
 
 def make_lake(episode: dict):
