@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
+from spa import distributed
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.models import load_model
-from spa.models.engine import Generation
+from spa.models.engine import Engine, Generation, SamplingParams
 from spa.rl.config import PPOConfig
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
@@ -75,47 +76,87 @@ def recorded_grad_norms():
         torch.nn.utils.clip_grad_norm_ = real
 
 
+@contextmanager
+def recorded_passes():
+    """Per optimizer step (each call of spa.distributed.accumulation), how many micro-batches
+    this process held and how many passes it ran: the padding that lets processes holding
+    different numbers of micro-batches share DDP's all-reduce."""
+    passes: list[tuple[int, int]] = []
+    real = distributed.accumulation
+
+    def accumulation(model, items):
+        padded = real(model, items)
+        passes.append((len(items), len(padded)))
+        return padded
+
+    distributed.accumulation = accumulation
+    try:
+        yield passes
+    finally:
+        distributed.accumulation = real
+
+
 def flat(module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
 def run(out: Path) -> dict:
-    """SFT (1 epoch; the last step has one micro-batch, so one of 2 processes idles) then
-    PPO (2 steps, one of 4 groups kept per process) and GRPO (1 step, a single group
-    kept: one process trains on nothing and joins the all-reduce with no gradients);
-    the final weights, gradient norms and logged metrics."""
+    """SFT (1 epoch; the last step has one micro-batch, so one of 2 processes runs only a
+    padding pass) then PPO (2 steps, one of 4 groups kept per process: the processes hold
+    different numbers of turns) and GRPO (1 step, gradient checkpointing on, a single
+    group kept: one process trains on nothing and runs only padding passes); the final
+    weights, gradient norms, logged metrics and each optimizer step's micro-batches and
+    passes."""
     result = {}
     model, tokenizer = load_model("tiny", dtype="fp32")
     selfplay = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=1, exploration="random")
     examples, _ = build_examples(collect(None, tokenizer, selfplay), selfplay)
     sft = SFTConfig(lr=3e-3, epochs=1, batch_size=3, grad_accum=2, val_fraction=0.2, val_examples_generate=2,
                     val_max_new_tokens=4, precision="fp32")
-    with recorded_grad_norms() as norms:
+    with recorded_grad_norms() as norms, recorded_passes() as passes:
         history = train_sft(model, tokenizer, examples, sft, out / "sft", progress=False)
-    result["sft/weights"], result["sft/norms"] = flat(model), norms
+    result["sft/weights"], result["sft/norms"], result["sft/passes"] = flat(model), norms, passes
     result["sft/metrics"] = {k: history[-1][k] for k in ("train_loss", "val_loss", "val_prediction_exact")}
 
     rollout = RolloutConfig("sokoban", {}, PromptConfig("state", max_turns=2))
-    for algorithm, steps, keep in (("ppo", 2, 0.5), ("grpo", 1, 0.25)):
+    # GRPO recomputes its activations in the backward (gradient checkpointing under DDP)
+    for algorithm, steps, keep, recompute in (("ppo", 2, 0.5, False), ("grpo", 1, 0.25, True)):
         policy, _ = load_model("tiny", dtype="fp32")
         config = PPOConfig(algorithm=algorithm, steps=steps, groups=4, samples=2, keep_fraction=keep,
                            max_new_tokens=8, minibatch_size=4, micro_batch_size=2, ppo_epochs=2, actor_lr=1e-3,
-                           critic_lr=1e-3, tensorboard=False, precision="fp32")
-        with recorded_grad_norms() as norms:
+                           critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute)
+        with recorded_grad_norms() as norms, recorded_passes() as passes:
             history = train_rl(policy, tokenizer, rollout, config, out / algorithm, progress=False,
                                engine=HashEngine(tokenizer))
         result[f"{algorithm}/weights"], result[f"{algorithm}/norms"] = flat(policy), norms
+        result[f"{algorithm}/passes"] = passes
         last = history[-1].items()
         result[f"{algorithm}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
     return result
+
+
+def wrapped_weights_reach_the_engine() -> dict:
+    """Greedy tokens of an engine built before :func:`spa.distributed.wrap`, before and after
+    it: wrapping copies the main process's weights to the others (here the second process
+    starts from other weights), and the engine must decode with them afterwards."""
+    model, tokenizer = load_model("tiny", dtype="fp32")
+    if distributed.world()[0] == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)
+    engine = Engine(model, tokenizer)
+    prompts = [tokenizer("The lake is frozen", add_special_tokens=False)["input_ids"]]
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    before = engine.generate(prompts, params)[0].token_ids
+    distributed.wrap(model)
+    return {"engine/before": before, "engine/after": engine.generate(prompts, params)[0].token_ids,
+            "engine/weights": flat(model)}
 
 
 def agreement() -> dict:
     """What :func:`spa.distributed.on_main` hands every process (the main process's value,
     computed there as a run of its own; the main process's exception) and the process
     group's timeout."""
-    from spa import distributed
-
     def fail():
         raise ValueError(f"bad value on rank {distributed.world()[0]}")
 
@@ -130,8 +171,6 @@ def agreement() -> dict:
 
 
 if __name__ == "__main__":
-    from spa import distributed
-
     folder = Path(sys.argv[1])
-    outcome = {**run(folder / "runs"), **agreement()}
+    outcome = {**run(folder / "runs"), **wrapped_weights_reach_the_engine(), **agreement()}
     torch.save(outcome, folder / f"rank-{distributed.world()[0]}.pt")

@@ -1,11 +1,12 @@
 """Two processes train what one process trains: ``accelerate launch`` on 2 CPU processes (gloo).
 
 tests/dist_script.py runs a minimal SFT, PPO and GRPO on the tiny model. Launched on two
-processes, they must end with identical weights (the summed gradients and the optimizer
+processes, they must end with identical weights (DDP's summed gradients and the optimizer
 steps are the same everywhere), and those weights, the gradient norms of every optimizer
 step and the logged metrics must match one process running the same script: the check
-that sharding the micro-batches, the rollouts and the minibatches and weighting by the
-global counts reproduce the single-process update (up to fp32 summation order).
+that sharding the micro-batches, the rollouts and the minibatches, weighting by the
+global counts and padding the process with fewer micro-batches reproduce the
+single-process update (up to fp32 summation order).
 """
 
 import os
@@ -59,6 +60,24 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
         assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
         # the reference trained: the comparison is not between untouched models
         assert single[norms] and all(n > 0 for n in single[norms]), stage
+        # each optimizer step, both processes ran as many passes as the one holding the most
+        # micro-batches (the rest padding), and one process alone runs no padding pass
+        passes = f"{stage}/passes"
+        assert len(first[passes]) == len(second[passes]) == len(single[passes]), stage
+        for (own, ran), (other, ran_there) in zip(first[passes], second[passes]):
+            assert ran == ran_there == max(own, other), stage
+        assert all(own == ran for own, ran in single[passes]), stage
+    # the padding was put to work: steps where one process held more micro-batches than the
+    # other, whether the other held some (PPO) or none at all (the end of SFT's epoch)
+    held = [(own, other) for stage in ("sft", "ppo", "grpo")
+            for (own, _), (other, _) in zip(first[f"{stage}/passes"], second[f"{stage}/passes"])]
+    assert any(min(pair) > 0 and pair[0] != pair[1] for pair in held), held
+    assert any(min(pair) == 0 < max(pair) for pair in held), held
+    # wrapping copies the main process's weights to the other, and an engine built before it
+    # decodes with them afterwards (the copy bumps the version counters its weights key on)
+    assert torch.equal(first["engine/weights"], second["engine/weights"])
+    assert second["engine/before"] != first["engine/before"]
+    assert second["engine/after"] == first["engine/after"] == first["engine/before"]
     # on_main: the main process's value, computed as a run of its own, and its exception, on
     # both; the group waits the default 2 hours for a main process evaluating alone
     for rank in (first, second):

@@ -5,19 +5,27 @@ per device; the SFT and RL loops ask this module which process they are and exch
 the little they must share. Run without a launcher, there is one process and every
 helper here is the identity: a single-process run does exactly what it did before.
 
-Why explicit gradient all-reduce instead of ``Accelerator.prepare`` (DDP): DDP
-all-reduces inside every ``backward()``, so all processes must run the same number of
-backward passes. In PPO they do not: each process holds the turns of its own episodes,
-episodes have different numbers of turns, so one process may hold three micro-batches
-of a minibatch and another none. Here each process accumulates its micro-batches'
-gradients, already weighted by the *global* count of the step (tokens or sequences),
-and :func:`all_reduce_grads` sums them once before each optimizer step: the sum is the
-single-process gradient, and every process then takes the same optimizer step.
+Training goes through torch's ``DistributedDataParallel`` (:func:`wrap`; the class
+itself rather than ``Accelerator.prepare_model``, which builds the same wrapper but
+needs an ``Accelerator`` and its global settings): it copies the main process's weights
+to the others when it wraps the model and all-reduces the gradients, bucket by bucket,
+during the backward pass. The training passes call the model through :func:`forward`,
+so that DDP sees them. One optimizer step accumulates
+several micro-batches, and the processes need not hold as many: in PPO each process
+holds the turns of its own episodes, episodes have different numbers of turns, so one
+process may hold three micro-batches of a minibatch and another none. The processes
+therefore agree on the most micro-batches any of them holds and pad their lists with
+zero-weight passes (:func:`accumulation`); all passes but the last run under DDP's
+``no_sync`` (their gradients accumulate locally) and the last one all-reduces. Each
+process's losses are already weighted by the *global* count of the step (tokens or
+sequences), so the gradients are summed, not averaged: the sum is the single-process
+gradient, and every process then takes the same optimizer step. A single process
+wraps nothing and pads nothing.
 
-Only :class:`accelerate.PartialState` is used (the process state behind ``Accelerator``,
-shared with one if the caller made it): ranks, the device, ``gather_object``,
-``broadcast_object_list``, ``reduce`` and ``wait_for_everyone``. Without CUDA (or with
-``ACCELERATE_USE_CPU``) the processes talk over gloo on CPU.
+Of accelerate only :class:`accelerate.PartialState` is used (the process state behind
+``Accelerator``, shared with one if the caller made it): ranks, the device,
+``gather_object``, ``broadcast_object_list``, ``reduce`` and ``wait_for_everyone``.
+Without CUDA (or with ``ACCELERATE_USE_CPU``) the processes talk over gloo on CPU.
 
 Work that only the main process does (an evaluation, self-play, a whole stage of
 ``spa run`` that is not data-parallel) goes through :func:`on_main`: the others wait
@@ -28,24 +36,23 @@ torch's own default is 30 minutes for gloo and 10 for NCCL).
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import broadcast, broadcast_object_list, gather_object, reduce
+from accelerate.utils import broadcast_object_list, gather_object, reduce
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from spa.compute import accelerate_cpu
 
 T = TypeVar("T")
-
-# Gradients are summed in flat buckets of at most this many elements (64 MiB in fp32):
-# one collective per bucket instead of one per tensor, without a full copy of the grads.
-BUCKET_ELEMENTS = 1 << 24
 
 TIMEOUT_ENV = "SPA_DIST_TIMEOUT"
 # Long enough for the main process to evaluate 128 levels x 8 samples on a CPU while the
@@ -199,59 +206,106 @@ def wait() -> None:
         state().wait_for_everyone()
 
 
-def sync_params(module: torch.nn.Module) -> None:
-    """Copy the main process's parameters to the others, as DDP does when it wraps a model:
-    every process must start from the same weights (a seed-dependent init, a checkpoint
-    read from a different disk) for the summed gradients to keep them equal."""
-    if world()[1] > 1:
-        params = list(module.parameters())
-        with torch.no_grad():
-            broadcast([p.data for p in params], from_process=0)
-            # a write through .data bumps no version counter; the generation engine keeps
-            # its fused weights while the counters stand still (spa.models.llama_decoder)
-            for p in params:
-                torch.autograd.graph.increment_version(p)
+def wrap(module: nn.Module) -> nn.Module:
+    """``module`` as it trains: wrapped in DDP with several processes, itself alone.
 
-
-def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
-    """Sum the ``.grad`` of ``params`` over the processes, in place; call once before each
-    optimizer step.
-
-    Sum, not mean: the losses are already divided by the step's global count, so the
-    sum of the processes' gradients is the single-process gradient. A process without
-    a gradient for a parameter (no micro-batch in this minibatch) contributes zeros; a
-    parameter no process has a gradient for stays ``None``, as it would alone (AdamW
-    skips it rather than moving it with its old moments).
+    The one place that decides how a trained module is spread over the processes.
+    Wrapping copies the main process's parameters and buffers to the others: every process
+    must start from the same weights (a seed-dependent init, a checkpoint read from a
+    different disk). The copy bumps the parameters' version counters, so a generation
+    engine built earlier rebuilds its fused weights
+    (:mod:`spa.models.llama_decoder`). Training passes go through :func:`forward` and
+    :func:`accumulation`; generation, evaluation, checkpoints and copies use ``module``
+    itself, whose parameters the wrapper shares.
     """
     if world()[1] == 1:
-        return
-    params = list(params)
-    if not params:
-        return
-    device = params[0].device
-    has = reduce(torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device), "sum")
-    live = [p for p, h in zip(params, has.tolist()) if h > 0]
-    for p in live:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    for bucket in _buckets(live):
-        flat = reduce(torch.cat([p.grad.reshape(-1) for p in bucket]), "sum")
-        offset = 0
-        for p in bucket:
-            p.grad.copy_(flat[offset: offset + p.grad.numel()].view_as(p.grad))
-            offset += p.grad.numel()
+        return module
+    device = state().device
+    wrapped = DistributedDataParallel(
+        _Caller(module), device_ids=[device] if device.type == "cuda" else None,
+        # Buffers (rotary frequencies) are computed alike everywhere; broadcasting them
+        # before each forward would add a collective to every pass.
+        **_no_buffer_sync(),
+        # Every pass uses every parameter (the padding passes too: accumulation), so DDP
+        # need not walk the autograd graph after each forward to find unused ones, which
+        # find_unused_parameters=True costs. A model with parameters outside the training
+        # pass fails loudly at its second step ("Expected to have finished reduction").
+        find_unused_parameters=False)
+    wrapped.register_comm_hook(wrapped.process_group, _sum_hook)
+    return wrapped
 
 
-def _buckets(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
-    """Consecutive parameters grouped up to ``BUCKET_ELEMENTS``, one dtype and device per bucket."""
-    buckets: list[list[torch.nn.Parameter]] = []
-    size = 0
-    for p in params:
-        last = buckets[-1][-1] if buckets else None
-        if last is None or size + p.numel() > BUCKET_ELEMENTS or (p.grad.dtype, p.grad.device) != (
-                last.grad.dtype, last.grad.device):
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += p.numel()
-    return buckets
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch that stops it broadcasting the buffers before each forward, by the
+    installed torch's name for it (torch 2.13 renamed it and warns on the old one)."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+class _Caller(nn.Module):
+    """What DDP wraps: its forward runs a function of the trained module.
+
+    The training passes call the decoder and the output head apart (the vocabulary
+    projection runs only where there are targets), not the model's own forward; DDP
+    prepares its gradient hooks only in its forward, so they go through this one.
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn: Callable, *args, **kwargs):
+        return fn(self.module, *args, **kwargs)
+
+
+def _sum_hook(group, bucket):  # no annotations: DDP checks them, and these would be strings
+    """DDP's gradient all-reduce as a sum. DDP's own averages over the processes, but
+    each process's losses are already weighted by the global count of the step, so the
+    sum of their gradients is the single-process gradient. (Multiplying every loss by the
+    number of processes would undo the average as well, but the losses would then differ
+    from a single process's, and round twice where that number is not a power of 2.)"""
+    work = torch.distributed.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda done: done.value()[0])
+
+
+def forward(model: nn.Module, fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(module, *args, **kwargs)`` as a training pass of ``model`` (:func:`wrap`'s
+    result): through DDP's forward where ``model`` is wrapped, so that the backward of
+    the result all-reduces; a plain call otherwise."""
+    if isinstance(model, DistributedDataParallel):
+        return model(fn, *args, **kwargs)
+    return fn(model, *args, **kwargs)
+
+
+def accumulation(model: nn.Module, items: list[T]) -> list[tuple[T | None, AbstractContextManager]]:
+    """This process's micro-batches of one optimizer step, each with the context that its
+    forward and backward must run in.
+
+    ``model`` wrapped (:func:`wrap`): the processes agree on the most micro-batches any of
+    them holds (one small collective) and ``items`` is padded with ``None`` to that many.
+    For each ``None`` the caller runs a pass on any small input with its loss multiplied
+    by 0: it adds nothing to the gradients, but every process runs as many passes, and in
+    each of them every parameter takes part. So every trainable parameter ends the step
+    with a gradient, the same on every process (one without micro-batches of its own
+    adds zeros), as on a single process, whose passes use every parameter too; none is
+    None on one process and set on another. The context is DDP's ``no_sync`` for all
+    passes but the last (their gradients accumulate locally) and nothing for the last,
+    whose backward all-reduces the accumulated gradients. DDP alone would need only the
+    last pass matched; the same number of passes everywhere is what a sharded wrapper
+    (FSDP, which gathers the parameters in every pass) needs as well.
+
+    ``model`` plain (one process): ``items`` as they are, with empty contexts.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return [(item, nullcontext()) for item in items]
+    count = _most(len(items))
+    padded = [*items, *[None] * (count - len(items))]
+    return [(item, model.no_sync() if i < count - 1 else nullcontext()) for i, item in enumerate(padded)]
+
+
+def _most(count: int) -> int:
+    """The largest ``count`` over the processes."""
+    most = torch.tensor([count], device=state().device)
+    torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+    return int(most.item())

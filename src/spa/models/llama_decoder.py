@@ -153,7 +153,8 @@ def weights_key(sources: list[Tensor], dtype: torch.dtype | None) -> tuple:
     another address as long as the old storage is alive, so the caller keeps the sources
     referenced with the weights. Writes torch cannot see (through ``p.data``, or raw
     pointers) bump no counter: their authors call ``torch.autograd.graph.increment_version``
-    (:func:`spa.distributed.sync_params` does) or the engine's ``release_weights``.
+    or the engine's ``release_weights``. (DDP's copy of the main process's weights, in
+    :func:`spa.distributed.wrap`, bumps the counters itself.)
     """
     return (dtype, PACK) + tuple((t.data_ptr(), _version(t), t.shape, t.dtype, t.device) for t in sources)
 

@@ -5,6 +5,7 @@ prompt (the rules and the answer format), typically 60-70% of their tokens. Run 
 batch of one, its keys and values are repeated for the rows and the rest of each row
 attends to them: the same numbers as a full forward pass, with the prefix's compute
 divided by the batch size; gradients flow back through the repeat into the prefix.
+Not under gradient checkpointing, whose layers drop the cache.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from spa.models.kv import cache_arg, returned_cache
+from spa.models.recompute import recomputes
 
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward call
 
@@ -38,9 +40,11 @@ def hidden_states(decoder, ids: Tensor, attention: Tensor, trained: Tensor) -> t
     none); its own hidden states are not returned, and no trained token needs them, so
     callers pair ``hidden[:, :-1]`` with the targets ``trained[:, offset + 1:]``.
     """
-    offset = shared_prefix_length(ids, attention, trained)
-    if not offset:
-        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state, 0
+    # Under gradient checkpointing the layers run without the prefix's KV cache
+    # (spa.models.recompute), so the batch runs whole.
+    offset = 0 if recomputes(decoder) else shared_prefix_length(ids, attention, trained)
+    if not offset:  # no cache: nothing reads it (and gradient checkpointing would drop it)
+        return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state, 0
     from transformers import DynamicCache
 
     cache = returned_cache(decoder(input_ids=ids[:1, :offset], use_cache=True, **cache_arg(DynamicCache())))

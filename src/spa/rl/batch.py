@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from spa import distributed
 from spa.agent.parsing import ACTION_SEPARATOR, split_actions
 from spa.agent.rollout import Trajectory
 from spa.models.shared_prefix import hidden_states
@@ -243,7 +244,14 @@ def forward_with_kl(model, reference, ids: Tensor, attention: Tensor, targets: T
 
 
 def _response_logits(model, ids: Tensor, attention: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    """The sampling distribution's logits (N, V) at the N positions that predict response tokens."""
+    """The sampling distribution's logits (N, V) at the N positions that predict response tokens.
+
+    ``model`` may be the trained policy as :func:`spa.distributed.wrap` returned it: the
+    pass then goes through the DDP wrapper, whose backward all-reduces the gradients."""
+    return distributed.forward(model, _logits, ids, attention, targets, temperature)
+
+
+def _logits(model, ids: Tensor, attention: Tensor, targets: Tensor, temperature: float) -> Tensor:
     hidden = hidden_before_targets(model.get_decoder(), ids, attention, targets)
     logits = model.get_output_embeddings()(hidden).float()
     return logits / temperature if temperature != 1.0 else logits

@@ -155,6 +155,10 @@ class PPOConfig:
         "Prompts the generation engine decodes together (>= 1; spa.models.engine.DEFAULT_BATCH). A GPU "
         "wants more: on an H100 with SmolLM2-135M, 256 gave about 4.4x the tokens/s of 64. Seeded samples "
         "differ between batch sizes.")})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": (
+        "Recompute each layer's activations in the backward pass instead of keeping them (the policy's "
+        "and the critic's): much less activation memory for about a third more compute "
+        "(spa.models.recompute).")})
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
 

@@ -31,9 +31,11 @@ the step's seeds (group ids stay global, so a group lives on one process); the g
 filter is decided on all groups' reward spreads; advantages are computed where the
 episodes are (GAE runs per episode, GRPO per group); the minibatches are those of the
 global sample list, each process training the members it holds with losses weighted by
-the minibatch's global count, and the gradients are summed before each optimizer step.
-The result is the single-process update whatever the number of processes. The main
-process logs global metrics, runs the evaluations and writes the checkpoints.
+the minibatch's global count; the policy and the critic train wrapped in DDP, which sums
+the gradients in each optimizer step's last backward pass (a process holding fewer
+micro-batches of a minibatch pads with passes that add nothing). The result is the
+single-process update whatever the number of processes. The main process logs global
+metrics, runs the evaluations and writes the checkpoints.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from spa.eval.metrics import summarize
 from spa.io import TRAINER_STATE, atomic_dir, write_json
 from spa.models.device import model_device, on_device
 from spa.models.engine import Engine, SamplingParams
+from spa.models.recompute import enable_recompute
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
 from spa.rl.advantages import compute_advantages, draw_turns
@@ -73,11 +76,11 @@ def warmup_factor(done: int, warmup_steps: int) -> float:
 
 
 def _optimizer_step(params, optimizer, max_norm: float, lr: float, warmup_steps: int = 0) -> float:
-    """Sum the processes' gradients (nothing alone), clip, step at the warmed-up ``lr``.
+    """Clip the (already summed: :func:`spa.distributed.accumulation`) gradients, step at
+    the warmed-up ``lr``.
 
     The steps done are Adam's own count, which the checkpoint keeps, so a resumed run
     continues the warm-up where it stopped."""
-    distributed.all_reduce_grads(params)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     state = optimizer.state.get(params[0], {})
     done = int(state["step"]) if "step" in state else 0
@@ -103,7 +106,8 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     With ``target_kl`` the step stops before the first minibatch whose approx_kl to the
     playing policy exceeds it (``actor/kl_stop`` 1; ``actor/updates`` the optimizer steps
     taken), as CleanRL and Stable-Baselines3 do: a bound on each step's move, whatever the
-    learning rate.
+    learning rate. ``policy``: the model as :func:`spa.distributed.wrap` returned it (the
+    model itself on one process).
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     policy.train()
@@ -114,34 +118,13 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
     for index, (micro_batches, total) in enumerate(minibatches(samples, table, config, rng)):
         batch_kl: dict[str, float] = {"kl": 0.0}
         batch_tokens = 0
-        for mb in micro_batches:
-            batch = on_device(collate(mb, pad_id), policy)
-            with autocast:
-                if exact:
-                    logprobs, entropy, kl_tokens, mask = forward_with_kl(policy, reference, *batch,
-                                                                         temperature=config.temperature)
-                else:
-                    logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
-            old, adv, in_loss = on_device([pad_responses([s.old_logprobs for s in mb])[0],
-                                            pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
-            mask = mask & in_loss
-            pg_loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
-                                              config.dual_clip, config.aggregation)
-            ent = core.aggregate(entropy, mask, config.aggregation)
-            entropy_loss = -config.entropy_coef * ent
-            kl_loss = torch.zeros_like(entropy_loss)
-            if reference is not None:
-                if not exact:
-                    with torch.no_grad(), autocast:
-                        ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
-                    kl_tokens = core.kl_penalty(logprobs, ref, config.kl_estimator)
-                kl = core.aggregate(kl_tokens, mask, config.aggregation)
-                kl_loss = config.kl_coef * kl
-                stats["kl_ref"] = kl.item()
-            loss = pg_loss + entropy_loss + kl_loss
-            (loss * loss_units(mb, config.aggregation) / total).backward()
-            stats.update(policy_loss=pg_loss.item(), entropy_loss=entropy_loss.item(), kl_loss=kl_loss.item(),
-                         loss=loss.item(), entropy=ent.item())
+        for mb, context in distributed.accumulation(policy, micro_batches):
+            with context:
+                if mb is None:  # another process holds more micro-batches of this minibatch
+                    _padding_pass(policy, _logprobs, pad_id, autocast)
+                    continue
+                loss, stats, mask = _actor_loss(policy, reference, mb, config, pad_id, autocast, exact)
+                (loss * loss_units(mb, config.aggregation) / total).backward()
             n = int(mask.sum())
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v * n
@@ -171,20 +154,59 @@ def update_actor(policy, reference, optimizer, samples: list[Sample], table: lis
             "actor/kl_stop": stopped}
 
 
-def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
+def _actor_loss(policy, reference, mb: list[Sample], config: PPOConfig, pad_id: int, autocast, exact: bool
+                ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """The micro-batch's actor loss (clipped surrogate - entropy bonus + KL to the
+    reference; ``exact``: the exact KL), its stats and the mask of the tokens they cover."""
+    batch = on_device(collate(mb, pad_id), policy)
+    with autocast:
+        if exact:
+            logprobs, entropy, kl_tokens, mask = forward_with_kl(policy, reference, *batch,
+                                                                 temperature=config.temperature)
+        else:
+            logprobs, entropy, mask = policy_forward(policy, *batch, temperature=config.temperature)
+    old, adv, in_loss = on_device([pad_responses([s.old_logprobs for s in mb])[0],
+                                    pad_responses([s.advantages for s in mb])[0], loss_masks(mb)], policy)
+    mask = mask & in_loss
+    pg_loss, stats = core.policy_loss(logprobs, old, adv, mask, config.clip_low, config.clip_high,
+                                      config.dual_clip, config.aggregation)
+    ent = core.aggregate(entropy, mask, config.aggregation)
+    entropy_loss = -config.entropy_coef * ent
+    kl_loss = torch.zeros_like(entropy_loss)
+    if reference is not None:
+        if not exact:
+            with torch.no_grad(), autocast:
+                ref, _, _ = policy_forward(reference, *batch, entropy=False, temperature=config.temperature)
+            kl_tokens = core.kl_penalty(logprobs, ref, config.kl_estimator)
+        kl = core.aggregate(kl_tokens, mask, config.aggregation)
+        kl_loss = config.kl_coef * kl
+        stats["kl_ref"] = kl.item()
+    loss = pg_loss + entropy_loss + kl_loss
+    stats.update(policy_loss=pg_loss.item(), entropy_loss=entropy_loss.item(), kl_loss=kl_loss.item(),
+                 loss=loss.item(), entropy=ent.item())
+    return loss, stats, mask
+
+
+def update_critic(critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
                   pad_id: int, autocast, rng: np.random.Generator) -> dict:
-    """Clipped value loss towards the GAE returns, over minibatches."""
+    """Clipped value loss towards the GAE returns, over minibatches. ``critic``: the
+    :class:`Critic` as :func:`spa.distributed.wrap` returned it."""
     params = [p for p in critic.parameters() if p.requires_grad]
     critic.train()
     totals, count = {"value_loss": 0.0, "vf_clipfrac": 0.0}, 0
     for micro_batches, total in minibatches(samples, table, config, rng):
-        for mb in micro_batches:
-            with autocast:
-                values, mask = critic(*on_device(collate(mb, pad_id), critic))
-            old, returns = on_device([pad_responses([s.old_values for s in mb])[0],
-                                       pad_responses([s.returns for s in mb])[0]], critic)
-            loss, stats = core.value_loss(values, old, returns, mask, config.value_clip, config.aggregation)
-            (loss * loss_units(mb, config.aggregation) / total).backward()
+        for mb, context in distributed.accumulation(critic, micro_batches):
+            with context:
+                if mb is None:  # another process holds more micro-batches of this minibatch
+                    _padding_pass(critic, _values, pad_id, autocast)
+                    continue
+                batch = on_device(collate(mb, pad_id), critic)
+                with autocast:
+                    values, mask = distributed.forward(critic, Critic.forward, *batch)
+                old, returns = on_device([pad_responses([s.old_values for s in mb])[0],
+                                           pad_responses([s.returns for s in mb])[0]], critic)
+                loss, stats = core.value_loss(values, old, returns, mask, config.value_clip, config.aggregation)
+                (loss * loss_units(mb, config.aggregation) / total).backward()
             n = int(mask.sum())
             totals["value_loss"] += loss.item() * n
             totals["vf_clipfrac"] += stats["vf_clipfrac"] * n
@@ -192,6 +214,28 @@ def update_critic(critic: Critic, optimizer, samples: list[Sample], table: list[
         _optimizer_step(params, optimizer, config.max_grad_norm, config.critic_lr, config.warmup_steps)
     totals, count = distributed.sum_stats(totals, count)
     return {f"critic/{k}": v / max(count, 1) for k, v in totals.items()}
+
+
+def _padding_pass(model, output: Callable, pad_id: int, autocast) -> None:
+    """A forward and backward of ``model`` (the policy or the critic, as trained) that adds
+    nothing to the gradients (see :func:`spa.distributed.accumulation`): a two-token
+    sequence whose second token is the response, ``output(model, *batch)`` multiplied by 0.
+    Every parameter is in its graph, as in a real micro-batch's."""
+    filler = Sample([pad_id, pad_id], 1, torch.zeros(1), episode=-1, turn=-1)
+    batch = on_device(collate([filler], pad_id), model)
+    with autocast:
+        out = output(model, *batch)
+    (out.sum() * 0.0).backward()
+
+
+def _logprobs(policy, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The response tokens' log-probs (the padding pass of the actor)."""
+    return policy_forward(policy, ids, attention, targets, entropy=False)[0]
+
+
+def _values(critic, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The response positions' values (the padding pass of the critic)."""
+    return distributed.forward(critic, Critic.forward, ids, attention, targets)[0]
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict:
@@ -250,7 +294,12 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     policy = distributed.place(policy)
-    distributed.sync_params(policy)
+    if config.gradient_checkpointing:
+        enable_recompute(policy)  # the critic copies the policy's decoder, and this switch with it
+    # The training passes go through ``actor`` (DDP under a launcher, ``policy`` alone);
+    # generation, evaluation and checkpoints use ``policy``. Wrapping first copies the main
+    # process's weights to the others, so the reference and the critic copy those.
+    actor = distributed.wrap(policy)
     device = model_device(policy)
     compute = compute or for_model(policy, config.precision)
     autocast = compute.autocast(device)
@@ -271,8 +320,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             critic.load_state_dict(state["critic"])
             critic_opt.load_state_dict(state["critic_opt"])
         start = state["step"]
-    if critic is not None:
-        distributed.sync_params(critic)
+    trained_critic = distributed.wrap(critic) if critic is not None else None  # the restored one
     main = distributed.is_main()
     if main:
         write_json(out / "config.json", {"ppo": asdict(config), "rollout": asdict(rollout_config)})
@@ -334,11 +382,11 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 # 4. Update.
                 rng = np.random.default_rng([config.seed, step])
                 with _timed(phases, "time/actor_s"):
-                    metrics.update(update_actor(policy, reference, actor_opt, samples, table, config, pad_id,
+                    metrics.update(update_actor(actor, reference, actor_opt, samples, table, config, pad_id,
                                                 autocast, rng))
                 if critic is not None:
                     with _timed(phases, "time/critic_s"):
-                        metrics.update(update_critic(critic, critic_opt, samples, table, config, pad_id,
+                        metrics.update(update_critic(trained_critic, critic_opt, samples, table, config, pad_id,
                                                      autocast, np.random.default_rng([config.seed, step, 1])))
             # 5. Log, evaluate, checkpoint.
             metrics.update(phases)
