@@ -8,7 +8,7 @@ step, ``--max-turns``, ``--max-actions``, the same training seeds, ``keep_fracti
 * ``baseline``, the earlier default path: PPO with a critic, the ``world_model`` prompt,
   200 new tokens per turn, state text in the policy loss, flat groups trained, advantages
   not whitened;
-* ``spa``, the default learner (flags below): GRPO's loss with per-turn Monte-Carlo
+* ``spa``, by default (the flags below change it): GRPO's loss with per-turn Monte-Carlo
   advantages (``--advantage mc``, random continuations; no critic), the plain ``base``
   think/answer prompt (the SPA release's PPO stage uses it after world-model SFT), 64 new
   tokens per turn; the other RL settings are ``PPOConfig``'s defaults.
@@ -47,10 +47,14 @@ steps at about 150-180 s each and 4 much cheaper spa steps. ``--model PATH
     python bench/rl_step.py --model tiny --steps 1 --groups 2 --samples 2 --max-turns 1 \\
         --bootstrap-episodes 2                           # smoke run (seconds)
 
-The precision is ``auto`` unless ``--dtype`` says otherwise (bf16 where the CPU computes
+The precision is ``auto`` unless ``--dtype`` says otherwise (bf16 where the device computes
 it natively, fp32 elsewhere; ``spa.precision``); it is the RL compute precision (and the
-bootstrap SFT's). The machine may be shared: compare the two configurations of one run,
-not figures of runs at different times. Prints one JSON object (progress goes to stderr).
+bootstrap SFT's). ``--device`` is ``auto`` by default: the GPU where there is one, else the
+CPU (``spa.compute``). On a GPU each configuration also gives its peak GPU memory
+(``torch.cuda.max_memory_allocated`` from its model's load to the end of its steps: weights,
+optimizer states, the critic where there is one, activations) and the JSON names the GPU.
+The machine may be shared: compare the two configurations of one run, not figures of runs
+at different times. Prints one JSON object (progress goes to stderr).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from spa import config as config_
 from spa import precision
 from spa.agent.prompts import MODES, PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa.compute import resolve_device
 from spa.io import atomic_dir, write_json
 from spa.models import load_model
 from spa.models.loading import spa_home
@@ -105,7 +110,9 @@ def bootstrap_key(args) -> str:
     settings = {"version": BOOTSTRAP_VERSION, "model": args.model, "env": args.env,
                 "episodes": args.bootstrap_episodes, "max_turns": args.max_turns,
                 "max_actions": args.max_actions, "seed": args.seed,
-                "dtype": precision.resolve(args.dtype, "cpu").name}
+                # the precision the bootstrap SFT ran in, on the device it ran on (the same key
+                # as before on a CPU)
+                "dtype": precision.resolve(args.dtype, args.device).name}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")[-60:] or "model"
     return f"{slug}-{BOOTSTRAP_VERSION}-{digest}"
@@ -133,7 +140,7 @@ def bootstrap(args) -> dict:
         made, stats = build_examples(collect(None, None, sp), sp)
         examples += made
         turns += stats["turns"]
-    model, tokenizer = load_model(args.model, dtype="fp32")
+    model, tokenizer = load_model(args.model, dtype="fp32", device=args.device)
     # no held-out split: the benchmark needs the format, not a validation score
     sft = SFTConfig(epochs=1, val_fraction=0.0, precision=args.dtype, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="rl_step-bootstrap-") as tmp:
@@ -172,7 +179,10 @@ def mean(values) -> float:
 
 def measure(name: str, start: str, mode: str, config: PPOConfig, args) -> dict:
     """Run ``1 + steps`` RL steps of one configuration; averages over the steps after the first."""
-    model, tokenizer = load_model(start, dtype="fp32")
+    on_gpu = args.device.type == "cuda"
+    if on_gpu:  # this configuration's own peak, not the one run before it
+        torch.cuda.reset_peak_memory_stats(args.device)
+    model, tokenizer = load_model(start, dtype="fp32", device=args.device)
     rollout_config = RolloutConfig(args.env, {}, PromptConfig(mode, args.max_turns, args.max_actions,
                                                               history_turns=0))
     log(f"{name}: {config.algorithm}, {mode} mode, {config.max_new_tokens} new tokens, {config.steps} steps")
@@ -212,6 +222,7 @@ def measure(name: str, start: str, mode: str, config: PPOConfig, args) -> dict:
         "format_valid": round(mean(h["rollout/format_valid"] for h in timed), 3),
         "warmup_step_seconds": round(history[0]["charts/step_seconds"], 2),
         "per_step_seconds": [round(h["charts/step_seconds"], 2) for h in timed],
+        "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(args.device) / 2**30, 3) if on_gpu else None,
     }
     if result["updated_steps"] < len(timed):
         result["note"] = (f"{len(timed) - result['updated_steps']} of {len(timed)} timed steps trained nothing "
@@ -231,6 +242,7 @@ def main() -> None:
     parser.add_argument("--bootstrap-episodes", type=int, default=64,
                         help="random-exploration episodes per prompt mode for the bootstrap SFT (default 64)")
     parser.add_argument("--dtype", default="auto", help="compute precision: auto (default), bf16, fp16 or fp32")
+    parser.add_argument("--device", default="auto", help="auto (default: the GPU where there is one), cpu or cuda")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--env", default="frozenlake")
     parser.add_argument("--groups", type=int, default=4)
@@ -259,7 +271,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    compute = precision.decide(args.dtype, "cpu")
+    args.device = resolve_device(args.device)
+    compute = precision.decide(args.dtype, args.device)
     ppo.save_checkpoint = lambda *a, **k: None  # checkpoints are no per-episode cost (docstring)
 
     start = {"kind": "given", "path": args.model} if args.no_bootstrap else bootstrap(args)
@@ -282,6 +295,8 @@ def main() -> None:
         "start": start,
         "dtype": compute.name,
         "dtype_reason": compute.reason,
+        "device": str(args.device),
+        "gpu": torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else None,
         "cpu_capability": precision.cpu_capability(),
         "cpu_native_bf16": precision.cpu_has_native_bf16(),
         "cpu": platform.processor() or platform.machine(),

@@ -1,6 +1,8 @@
 """The benchmarks run end to end on the tiny model and print their JSON."""
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +128,118 @@ def test_sft_memory_bench_trains_each_setting_in_its_own_process():
     bad = subprocess.run([sys.executable, str(BENCH.with_name("sft_memory.py")), "--trim-every", "0,-1"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "--trim-every '0,-1'" in bad.stderr
+
+
+GPU_CHECK = BENCH.with_name("gpu_check.sh")
+
+
+def gpu_check_module():
+    """bench/gpu_check.py as a module (bench/ is no package)."""
+    import importlib.util
+
+    if "gpu_check" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_check", BENCH.with_name("gpu_check.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_check"] = module  # its dataclass looks its module up while being built
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_check"]
+
+
+def test_gpu_check_smoke_runs_generation_rl_and_spa_run_on_the_cpu(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(GPU_CHECK), "--cpu-smoke", "--archs", "qwen2.5-0.5b"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout[done.stdout.index("{"):])
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == result  # $OUT gets the same JSON
+    assert "===== spa_run" in (tmp_path / "gpu_check.log").read_text()
+    assert result["mode"] == "cpu-smoke" and result["gpu"] is None and result["failed_parts"] == []
+    assert result["torch"] and result["transformers"] and result["seconds"] > 0
+    assert list(result["parts"]) == ["models", "generation/qwen2.5-0.5b", "rl/qwen2.5-0.5b", "spa_run"]
+    assert all(part["ok"] and part["seconds"] > 0 and "gpu" in part for part in result["parts"].values())
+    # spa_run's model is written too, though --archs leaves it out
+    models = result["parts"]["models"]["result"]["models"]
+    assert set(models) == {"smollm2-135m", "qwen2.5-0.5b"}
+    qwen = models["qwen2.5-0.5b"]
+    assert qwen["config"]["model_type"] == "qwen2" and qwen["config"]["vocab_size"] == 151936
+    assert qwen["config"]["rope_theta"] == 1e6 and qwen["config"]["rms_norm_eps"] == 1e-6
+    assert qwen["small"] and qwen["fits_vocabulary"] and qwen["parameters_millions"] > 0
+
+    generation = result["parts"]["generation/qwen2.5-0.5b"]["summary"]
+    assert set(generation["batches"]) == {"2", "3"} and generation["dtype"] == "fp32"
+    for batch in generation["batches"].values():
+        assert batch["engine_tokens_per_s"] > 0 and batch["hf_tokens_per_s"] > 0 and batch["ratio"] > 0
+        assert batch["engine_path"] == "llama fast path"  # Qwen2 takes the engine's fast path
+
+    rl = result["parts"]["rl/qwen2.5-0.5b"]["summary"]
+    assert rl["ppo"]["critic"] and not rl["grpo"]["critic"]
+    for side in (rl["ppo"], rl["grpo"]):
+        assert side["step_seconds"] > 0 and side["warmup_step_seconds"] > 0 and side["trained_tokens_per_step"] > 0
+        assert side["peak_gpu_memory_gib"] is None  # a GPU-only number
+    assert result["parts"]["rl/qwen2.5-0.5b"]["result"]["device"] == "cpu"
+
+    run = result["parts"]["spa_run"]
+    assert run["arch"] == "smollm2-135m" and any("on cpu" in line for line in run["compute"])
+    assert run["result"]["completed"] and "device=cpu" in run["result"]["overrides"]
+    stages = run["result"]["stages_s"]
+    assert {"bootstrap", "eval_base", "rl", "eval_final", "report"} <= set(stages)
+    assert stages["rl"] > 0 and stages["bootstrap"] > 0
+    utilisation = run["result"]["utilisation"]  # nvidia-smi's, where a machine has one
+    assert utilisation is None or utilisation["samples"] > 0
+
+
+def test_gpu_check_records_a_failing_part_and_goes_on(tmp_path):
+    check = gpu_check_module()
+    failed = check.run_part("bad", [sys.executable, "-c", "import sys; print('oops', file=sys.stderr); sys.exit(3)"],
+                            timeout=60)
+    assert not failed["ok"] and failed["error"] == "exit status 3" and "oops" in failed["stderr_tail"]
+    slow = check.run_part("slow", [sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert not slow["ok"] and slow["error"] == "timed out after 1 s" and slow["seconds"] < 10
+    silent = check.run_part("silent", [sys.executable, "-c", "print('no json')"], timeout=60)
+    assert not silent["ok"] and silent["error"].startswith("no JSON result")
+    fine = check.run_part("fine", [sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"], timeout=60,
+                          log_file=tmp_path / "log")
+    assert fine["ok"] and fine["result"] == {"a": 1} and "===== fine" in (tmp_path / "log").read_text()
+    # a spent budget skips the parts, each with its reason, and the report still comes whole
+    plan = dataclasses.replace(check.SMOKE_PLAN, budget=1.0, tokenizer="unused")
+    report = check.check(plan, ["generation", "run"], ["qwen2.5-0.5b"], "smollm2-135m", tmp_path / "out")
+    assert report["failed_parts"] == ["models", "generation/qwen2.5-0.5b", "spa_run"]
+    assert report["parts"]["models"]["error"].startswith("skipped:")
+    assert report["parts"]["spa_run"]["error"] == "skipped: no model folder of smollm2-135m"
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text()) == report
+
+
+def test_gpu_check_schedule_and_utilisation_summary():
+    check = gpu_check_module()
+    order = check.schedule(list(check.PARTS), list(check.ARCHS), "smollm2-135m")
+    assert order == [("models", "smollm2-135m,qwen2.5-0.5b"), ("generation", "smollm2-135m"),
+                     ("generation", "qwen2.5-0.5b"), ("rl", "qwen2.5-0.5b"), ("run", "smollm2-135m"),
+                     ("rl", "smollm2-135m")]  # the 0.5B model's RL before the run, the 135M's last
+    rows = ["0, 0, 500", "1, 99, 10", "0, 40, 900", "garbage", "0, 80, 1200", "0, 0, 1200", "0, [N/A], 3"]
+    summary = check.utilisation_summary(rows)
+    assert summary["samples"] == 4 and summary["mean"] == 30.0 and summary["median"] == 20.0
+    assert summary["max"] == 80 and summary["memory_used_mib_max"] == 1200  # GPU 1's row is left out
+    assert summary["busy_stretch_samples"] == 2 and summary["busy_stretch_mean"] == 60.0
+    assert check.utilisation_summary(["0, 0, 1", "0, 0, 1"])["busy_stretch_samples"] == 0
+    assert check.utilisation_summary([]) is None
+
+
+def test_gpu_check_builds_smollm2_as_the_default_model_config_says():
+    from transformers import AutoConfig, AutoTokenizer
+
+    from spa.models.loading import default_model_path, prepare_tokenizer
+
+    check = gpu_check_module()
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(default_model_path()))
+    built = check.architecture("smollm2-135m", tokenizer, small=False)
+    shipped = AutoConfig.from_pretrained(default_model_path())
+    for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
+                "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(built, key) == getattr(shipped, key), key
+    assert abs(built.rms_norm_eps - shipped.rms_norm_eps) < 1e-9
+    assert check.rope_theta(built) == check.rope_theta(shipped) == 1e5
+    qwen = check.architecture("qwen2.5-0.5b", tokenizer, small=False)
+    assert (qwen.hidden_size, qwen.num_hidden_layers, qwen.num_attention_heads, qwen.num_key_value_heads,
+            qwen.intermediate_size, qwen.vocab_size) == (896, 24, 14, 2, 4864, 151936)
+    assert qwen.tie_word_embeddings and check.rope_theta(qwen) == 1e6 and len(tokenizer) <= qwen.vocab_size
