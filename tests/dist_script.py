@@ -103,10 +103,11 @@ def flat(module) -> torch.Tensor:
 def run(out: Path) -> dict:
     """SFT (1 epoch; the last step has one micro-batch, so one of 2 processes runs only a
     padding pass) then PPO (2 steps, one of 4 groups kept per process: the processes hold
-    different numbers of turns) and GRPO (1 step, gradient checkpointing on, a single
-    group kept: one process trains on nothing and runs only padding passes); the final
-    weights, gradient norms, logged metrics and each optimizer step's micro-batches and
-    passes."""
+    different numbers of turns), the same PPO with a value head on the policy's decoder as
+    its critic (``ppo_head``, gradient checkpointing on) and GRPO (1 step, gradient
+    checkpointing on, a single group kept: one process trains on nothing and runs only
+    padding passes); the final weights, gradient norms, logged metrics and each optimizer
+    step's micro-batches and passes."""
     result = {}
     model, tokenizer = load_model("tiny", dtype="fp32")
     selfplay = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=1, exploration="random")
@@ -119,19 +120,23 @@ def run(out: Path) -> dict:
     result["sft/metrics"] = {k: history[-1][k] for k in ("train_loss", "val_loss", "val_prediction_exact")}
 
     rollout = RolloutConfig("sokoban", {}, PromptConfig("state", max_turns=2))
-    # GRPO recomputes its activations in the backward (gradient checkpointing under DDP)
-    for algorithm, steps, keep, recompute in (("ppo", 2, 0.5, False), ("grpo", 1, 0.25, True)):
+    # GRPO and ppo_head recompute their activations in the backward (gradient checkpointing
+    # under DDP); ppo_head's critic trains its head alone, DDP-wrapped, on the policy's decoder
+    runs = (("ppo", "ppo", 2, 0.5, False, "copy"), ("ppo_head", "ppo", 2, 0.5, True, "head"),
+            ("grpo", "grpo", 1, 0.25, True, "copy"))
+    for name, algorithm, steps, keep, recompute, critic in runs:
         policy, _ = load_model("tiny", dtype="fp32")
         config = PPOConfig(algorithm=algorithm, steps=steps, groups=4, samples=2, keep_fraction=keep,
                            max_new_tokens=8, minibatch_size=4, micro_batch_size=2, ppo_epochs=2, actor_lr=1e-3,
-                           critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute)
+                           critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute,
+                           critic=critic)
         with recorded_grad_norms() as norms, recorded_passes() as passes:
-            history = train_rl(policy, tokenizer, rollout, config, out / algorithm, progress=False,
+            history = train_rl(policy, tokenizer, rollout, config, out / name, progress=False,
                                engine=HashEngine(tokenizer))
-        result[f"{algorithm}/weights"], result[f"{algorithm}/norms"] = flat(policy), norms
-        result[f"{algorithm}/passes"] = passes
+        result[f"{name}/weights"], result[f"{name}/norms"] = flat(policy), norms
+        result[f"{name}/passes"] = passes
         last = history[-1].items()
-        result[f"{algorithm}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
+        result[f"{name}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
     return result
 
 

@@ -1,12 +1,12 @@
 """Two processes train what one process trains: ``accelerate launch`` on 2 CPU processes (gloo).
 
-tests/dist_script.py runs a minimal SFT, PPO and GRPO on the tiny model. Launched on two
-processes, they must end with identical weights (DDP's summed gradients and the optimizer
-steps are the same everywhere), and those weights, the gradient norms of every optimizer
-step and the logged metrics must match one process running the same script: the check
-that sharding the micro-batches, the rollouts and the minibatches, weighting by the
-global counts and padding the process with fewer micro-batches reproduce the
-single-process update (up to fp32 summation order).
+tests/dist_script.py runs a minimal SFT, PPO (with either critic) and GRPO on the tiny
+model. Launched on two processes, they must end with identical weights (DDP's summed
+gradients and the optimizer steps are the same everywhere), and those weights, the
+gradient norms of every optimizer step and the logged metrics must match one process
+running the same script: the check that sharding the micro-batches, the rollouts and the
+minibatches, weighting by the global counts and padding the process with fewer
+micro-batches reproduce the single-process update (up to fp32 summation order).
 """
 
 import os
@@ -42,7 +42,7 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
     first, second = (torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in (0, 1))
     assert distributed.world() == (0, 1)  # the reference below runs alone, in this process
     single = run(tmp_path / "single")
-    for stage in ("sft", "ppo", "grpo"):
+    for stage in ("sft", "ppo", "ppo_head", "grpo"):
         weights, norms, metrics = (f"{stage}/{part}" for part in ("weights", "norms", "metrics"))
         # the processes agree exactly: the same summed gradients, the same steps
         assert torch.equal(first[weights], second[weights]), stage

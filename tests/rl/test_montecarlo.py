@@ -321,3 +321,41 @@ def _episode(group, rewards, sample=0, lengths=None):
                     actions_valid=[], format_ok=True, state_before="", grid_before="", state_after="",
                     grid_after="", env_reward=r, reward=r) for r, n in zip(rewards, lengths)]
     return t
+
+
+
+def _value_step(tiny, tmp_path, script, max_turns, **settings):
+    model, tokenizer = tiny
+    config = PPOConfig(algorithm="grpo", advantage="value", mc_rollouts=64, value_horizon=1, steps=1, groups=1,
+                       samples=4, max_new_tokens=6, minibatch_size=8, micro_batch_size=2, actor_lr=1e-3,
+                       tensorboard=False, precision="fp32", **settings)
+    (step,) = train(copy.deepcopy(model), tokenizer, lake_rollout(max_turns=max_turns), config,
+                    tmp_path / str(sorted(settings.items())), progress=False, engine=ScriptedEngine(tokenizer, script))
+    return step
+
+
+def test_a_centred_value_label_pushes_its_zero_label_turns_down(tiny, tmp_path):
+    """On the corner lake, first turns playing Right are labelled 1 and those playing Down
+    0. Uncentred, only the label-1 turns train (a 0 pushes nothing); centred on the step's
+    mean, the label-0 turns train too, pushed down, and the label-1 turns up. Skipping the
+    raw zeros before centring left every remaining turn at the same label, so centring
+    zeroed all of them and the step trained nothing."""
+    script = [["<answer>Right</answer>", "<answer>Down</answer>"] * 2]
+    plain = _value_step(tiny, tmp_path, script, 1, mc_center=False)
+    assert plain["charts/train_turns"] == 2 and plain["advantages/mc_positive"] == 1.0
+    centred = _value_step(tiny, tmp_path, script, 1, mc_center=True)
+    assert centred["charts/train_turns"] == 4 and centred["charts/zero_advantage_turns"] == 2
+    assert centred["actor/advantage_mean"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_centring_per_move_trains_a_move_where_it_beat_its_own_mean(tiny, tmp_path):
+    """Episodes alternate Right (best at the start: label 1) and Down then Right (Down 0 at
+    the start; from (1,0) no move reaches the goal in one action, so Right is 0 there).
+    Per first move: Right's turns average 1/2, so the start's two go up and the two from
+    (1,0) down; Down's two are all 0, its own mean, and carry nothing. So 4 turns train,
+    their advantages summing to 0; uncentred only the two label-1 turns would."""
+    script = [["<answer>Right</answer>", "<answer>Down</answer>", "<answer>Right</answer>",
+               "<answer>Down</answer>"], ["<answer>Right</answer>"] * 2]  # the winners have ended
+    step = _value_step(tiny, tmp_path, script, 2, mc_center=False, center_actions=True)
+    assert step["charts/train_turns"] == 4 and step["charts/zero_advantage_turns"] == 4
+    assert step["actor/advantage_mean"] == pytest.approx(0.0, abs=1e-6)

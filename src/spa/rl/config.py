@@ -21,6 +21,8 @@ PER_TURN = ("mc", "value")
 CONTINUATIONS = ("random", "policy")
 #: Where the reward sits on the response tokens (:func:`spa.rl.advantages.place_rewards`).
 REWARD_PLACEMENTS = ("episode", "turn")
+#: The PPO critic's kinds (:mod:`spa.rl.critic`), the first the default.
+CRITICS = ("copy", "head")
 
 
 @dataclass
@@ -43,8 +45,9 @@ class PPOConfig:
         "sampled at the rollout temperature (VinePPO: A = r + V(s') - V(s), unbiased, costs "
         "mc_rollouts generations per turn).")})
     mc_center: bool = field(default=True, metadata={"help": (
-        "advantage=mc or value: subtract the step's mean advantage (over its training turns) before the scaling, "
-        "a baseline constant over the step, so unbiased. Without it a policy that plays worse than random "
+        "advantage=mc or value: subtract the step's mean advantage (over all its turns: a turn whose raw value "
+        "is 0, such as the value label's 0, then trains, pushed down) before the scaling, "
+        "a baseline constant over the step, so unbiased. Off, the turns whose raw value is 0 are skipped. Without it a policy that plays worse than random "
         "(a negative mean) pushes every sampled token down on balance, its format tokens included: on 3x3 "
         "lakes the entropy rose from 0.06 to 0.19 and the format began to break within 9 steps.")})
     mc_rollouts: int = field(default=16, metadata={"help": (
@@ -75,6 +78,12 @@ class PPOConfig:
     reward: str = "episode"  # episode: total reward on the last token; turn: per-turn rewards
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
+    critic: str = field(default="copy", metadata={"help": (
+        "PPO's critic (spa.rl.critic). copy: a copy of the policy's decoder with a value head, trained "
+        "apart (two decoders in memory). head: a value head alone on the policy's own decoder hidden "
+        "states, detached, so the value loss never reaches the policy and critic_lr trains the head "
+        "alone: one decoder in memory, but the head reads features trained for the policy, not for "
+        "values. A checkpoint resumes only with the kind it was written with.")})
     warmup_steps: int = field(default=0, metadata={"help": (
         "Optimizer steps over which the actor's and critic's learning rates rise linearly to their "
         "values (0: none). Adam's first steps move every weight by about the full learning rate "
@@ -132,7 +141,8 @@ class PPOConfig:
         "so that no first action gains or loses on balance and only its advantage relative to its "
         "own average, i.e. where it was the better choice, is trained. Against the drift onto one "
         "move that a policy not yet reading the state takes under on-policy RL; an action-dependent "
-        "baseline, so a biased gradient, and not a method of the paper. Applied after whitening.")})
+        "baseline, so a biased gradient, and not a method of the paper. Applied after whitening; with "
+        "advantage=mc or value the mean covers every turn of the step, those whose raw value is 0 included.")})
     best_move_reward: float = field(default=0.0, metadata={"help": (
         "Add this to a turn's reward when its first action begins a shortest solution (the "
         "environment's best_actions; Turn.best_first). A dense reward from a solver, to test whether "
@@ -176,6 +186,8 @@ class PPOConfig:
         if self.mc_continuation not in CONTINUATIONS:
             raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
                              f"{', '.join(CONTINUATIONS)}")
+        if self.critic not in CRITICS:
+            raise ValueError(f"critic {self.critic!r} is not known; valid: {', '.join(CRITICS)}")
         if self.train_turns and self.advantage not in PER_TURN:
             raise ValueError("train_turns needs advantage=mc or value: it draws turns by their own advantage, "
                              "and the other estimators give every turn of an episode (or a token) its own share "

@@ -390,7 +390,10 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     else:
         v_old = torch.where(m, old_values.to(dtype), 0.0)
         vf2 = (v_old + (v - v_old).clamp(-clip, clip) - r) ** 2
-        loss, clipped = torch.maximum(vf1, vf2), vf2 > vf1
+        # Inside the clip range the two terms are equal but for rounding (V_old + (V - V_old)
+        # is not always V), so only a value beyond the range can be clipped.
+        clipped = ((v - v_old).abs() > clip) & (vf2 > vf1)
+        loss = torch.where(clipped, vf2, vf1)
     with torch.no_grad():
         stats = {"vf_clipfrac": masked_mean(clipped.to(dtype), mask).item()}
     return aggregate(0.5 * loss, mask, agg), stats

@@ -65,7 +65,7 @@ from spa.rl.advantages import compute_advantages, draw_turns
 from spa.rl.batch import (Sample, collate, forward_with_kl, loss_masks, pad_responses, policy_forward,
                           turn_samples)
 from spa.rl.config import ALGORITHMS, ESTIMATORS, PER_TURN, PPOConfig  # noqa: F401 (re-exported)
-from spa.rl.critic import Critic
+from spa.rl.critic import build_critic, restore_critic
 from spa.rl.logger import MetricsLogger
 from spa.rl.minibatches import Entry, group_spread, loss_units, minibatches, sample_table, top_groups
 
@@ -73,6 +73,17 @@ def warmup_factor(done: int, warmup_steps: int) -> float:
     """The share of the learning rate for the optimizer step after ``done`` steps: it rises
     linearly, ``(done + 1) / warmup_steps``, to 1 at step ``warmup_steps`` (1 when 0)."""
     return 1.0 if warmup_steps <= 0 else min(1.0, (done + 1) / warmup_steps)
+
+
+# Below this a centred advantage (unit scale) is the rounding of a mean subtracted from
+# equal values, not a signal: such a turn is skipped.
+ZERO_ADVANTAGE = 1e-6
+
+
+def centred(config: PPOConfig) -> bool:
+    """Whether per-turn advantages are shifted after they are computed (``mc_center``,
+    ``center_actions``), so that a turn whose raw value is 0 may still train."""
+    return config.mc_center or config.center_actions
 
 
 def _optimizer_step(params, optimizer, max_norm: float, lr: float, warmup_steps: int = 0) -> float:
@@ -190,7 +201,8 @@ def _actor_loss(policy, reference, mb: list[Sample], config: PPOConfig, pad_id: 
 def update_critic(critic, optimizer, samples: list[Sample], table: list[Entry], config: PPOConfig,
                   pad_id: int, autocast, rng: np.random.Generator) -> dict:
     """Clipped value loss towards the GAE returns, over minibatches. ``critic``: the
-    :class:`Critic` as :func:`spa.distributed.wrap` returned it."""
+    critic of either kind (:func:`spa.rl.critic.build_critic`) as :func:`spa.distributed.wrap`
+    returned it; its parameters are all it trains (a value head's are the head's alone)."""
     params = [p for p in critic.parameters() if p.requires_grad]
     critic.train()
     totals, count = {"value_loss": 0.0, "vf_clipfrac": 0.0}, 0
@@ -202,7 +214,7 @@ def update_critic(critic, optimizer, samples: list[Sample], table: list[Entry], 
                     continue
                 batch = on_device(collate(mb, pad_id), critic)
                 with autocast:
-                    values, mask = distributed.forward(critic, Critic.forward, *batch)
+                    values, mask = distributed.forward(critic, _value_pass, *batch)
                 old, returns = on_device([pad_responses([s.old_values for s in mb])[0],
                                            pad_responses([s.returns for s in mb])[0]], critic)
                 loss, stats = core.value_loss(values, old, returns, mask, config.value_clip, config.aggregation)
@@ -235,7 +247,13 @@ def _logprobs(policy, ids: torch.Tensor, attention: torch.Tensor, targets: torch
 
 def _values(critic, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The response positions' values (the padding pass of the critic)."""
-    return distributed.forward(critic, Critic.forward, ids, attention, targets)[0]
+    return distributed.forward(critic, _value_pass, ids, attention, targets)[0]
+
+
+def _value_pass(critic, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's values and mask, whichever its kind (the training pass DDP runs)."""
+    return critic(ids, attention, targets)
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict:
@@ -308,7 +326,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
         import copy
 
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = Critic(policy).to(device) if config.uses_critic else None
+    # critic=head reads the policy's own decoder (no second copy; spa.rl.critic)
+    critic = build_critic(policy, config.critic).to(device) if config.uses_critic else None
     actor_opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.actor_lr,
                                   weight_decay=0.0)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0) if critic else None
@@ -317,7 +336,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
         state = torch.load(resume_from / TRAINER_STATE, weights_only=False, map_location="cpu")
         actor_opt.load_state_dict(state["actor_opt"])
         if critic is not None:
-            critic.load_state_dict(state["critic"])
+            restore_critic(critic, state["critic"])  # a ValueError if it was saved by the other kind
             critic_opt.load_state_dict(state["critic_opt"])
         start = state["step"]
     trained_critic = distributed.wrap(critic) if critic is not None else None  # the restored one
@@ -357,11 +376,15 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 kept = trajectories
                 with _timed(phases, "time/lookahead_s"):
                     turn_values = _turn_values(engine, tokenizer, kept, rollout_config, config, step)
-                samples = [s for s in turn_samples(kept, tokenizer, config.state_tokens_in_loss)
-                           if turn_values[s.episode][s.turn] != 0.0]
+                samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
+                if not centred(config):  # a raw 0 stays 0: skip those turns before the step's moments
+                    samples = [s for s in samples if turn_values[s.episode][s.turn] != 0.0]
                 metrics["charts/zero_advantage_turns"] = sum(v == 0.0 for vs in turn_values for v in vs)
                 with _timed(phases, "time/advantages_s"):
                     metrics.update(compute_advantages(samples, kept, None, config, pad_id, autocast, turn_values))
+                # Centred, a turn whose raw value was 0 (the value label's 0) is pushed down by
+                # the centre; only a turn whose final advantage is 0 carries nothing.
+                samples = [s for s in samples if float(s.advantages.abs().max()) > ZERO_ADVANTAGE]
                 if config.train_turns:  # the turns that carry the step's signal, by its size
                     rank, world = distributed.world()
                     samples = draw_turns(samples, -(-config.train_turns // world), (config.seed, step, rank))
