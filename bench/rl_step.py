@@ -11,7 +11,8 @@ step, ``--max-turns``, ``--max-actions``, the same training seeds, ``keep_fracti
 * ``spa``, by default (the flags below change it): GRPO's loss with per-turn Monte-Carlo
   advantages (``--advantage mc``, random continuations; no critic), the plain ``base``
   think/answer prompt (the SPA release's PPO stage uses it after world-model SFT), 64 new
-  tokens per turn; the other RL settings are ``PPOConfig``'s defaults.
+  tokens per turn, advantages not centred (so the malformed turns of a briefly trained model
+  train); the other RL settings are ``PPOConfig``'s defaults.
 
 Each runs ``1 + --steps`` RL steps; the first is a warm-up (allocator, kernels, the
 engine's packing) and is left out of every average. Per configuration the JSON gives
@@ -168,7 +169,7 @@ def rl_config(args, settings: dict, overrides: list[str]) -> PPOConfig:
             "micro_batch_size": args.micro_batch_size, "precision": args.dtype, "tensorboard": False,
             "eval_every": 0, "save_every": 1 + args.steps, "seed": args.seed}
     data.update({k: settings[k] for k in ("advantage", "state_tokens_in_loss", "drop_flat_groups",
-                                          "whiten_advantages") if k in settings})
+                                          "whiten_advantages", "mc_center") if k in settings})
     return config_.load(PPOConfig, data, overrides)
 
 
@@ -276,8 +277,10 @@ def main() -> None:
     ppo.save_checkpoint = lambda *a, **k: None  # checkpoints are no per-episode cost (docstring)
 
     start = {"kind": "given", "path": args.model} if args.no_bootstrap else bootstrap(args)
+    # Uncentred: a bench's short-trained model writes mostly malformed turns, all worth the same
+    # penalty, which centring would set to 0 (and a turn at 0 does not train): nothing to time.
     spa_settings = {"algorithm": args.algorithm, "mode": args.mode, "max_new_tokens": args.max_new_tokens,
-                    "advantage": args.advantage}
+                    "advantage": args.advantage, "mc_center": False}
     runs = {"baseline": (BASELINE, args.baseline_set), "spa": (spa_settings, args.spa_set)}
     configs = {name: rl_config(args, settings, overrides) for name, (settings, overrides) in runs.items()}
     results = {}
