@@ -1,8 +1,8 @@
 """A minimal SFT and RL run on the tiny model, for tests/test_distributed.py.
 
 The test runs it under ``accelerate launch`` on 2 CPU processes (``python dist_script.py
-OUT``: each process writes ``OUT/rank-N.pt``) and calls :func:`run` in its own process
-for the single-process reference. Not collected by pytest (no ``test_`` prefix).
+OUT [ddp|fsdp]``: each process writes ``OUT/rank-N.pt``) and calls :func:`run` in its own
+process for the single-process reference. Not collected by pytest (no ``test_`` prefix).
 
 The RL engine answers each prompt from a hash of its tokens: a rollout's answers then
 depend only on the episode, not on which process plays it next to which others (the
@@ -23,6 +23,8 @@ import torch
 from spa import distributed
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa.eval.evaluate import EvalConfig, evaluate
+from spa.io import TRAINER_STATE
 from spa.models import load_model
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.rl.config import PPOConfig
@@ -97,42 +99,55 @@ def recorded_passes():
 
 
 def flat(module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    """The module's parameters, whole (gathered from the processes where FSDP shards them)."""
+    with distributed.gathered(module):
+        return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
-def run(out: Path) -> dict:
+#: The RL runs of each strategy: (name, algorithm, steps, keep_fraction, gradient checkpointing,
+#: critic). PPO (2 steps, one of 4 groups kept per process: the processes hold different numbers
+#: of turns), the same PPO with a value head on the policy's decoder as its critic (``ppo_head``,
+#: gradient checkpointing on) and GRPO (1 step, gradient checkpointing on, a single group kept:
+#: one process trains on nothing and runs only padding passes). FSDP trains no critic: GRPO as
+#: PPO's first run (``grpo_uneven``) and as DDP's.
+RL_RUNS = {"ddp": (("ppo", "ppo", 2, 0.5, False, "copy"), ("ppo_head", "ppo", 2, 0.5, True, "head"),
+                   ("grpo", "grpo", 1, 0.25, True, "copy")),
+           "fsdp": (("grpo_uneven", "grpo", 2, 0.5, False, "copy"), ("grpo", "grpo", 1, 0.25, True, "copy"))}
+
+
+def run(out: Path, parallel: str = "ddp") -> dict:
     """SFT (1 epoch; the last step has one micro-batch, so one of 2 processes runs only a
-    padding pass) then PPO (2 steps, one of 4 groups kept per process: the processes hold
-    different numbers of turns), the same PPO with a value head on the policy's decoder as
-    its critic (``ppo_head``, gradient checkpointing on) and GRPO (1 step, gradient
-    checkpointing on, a single group kept: one process trains on nothing and runs only
-    padding passes); the final weights, gradient norms, logged metrics and each optimizer
-    step's micro-batches and passes."""
+    padding pass) then the RL runs of ``parallel`` (:data:`RL_RUNS`), each trained with that
+    strategy; the final weights, gradient norms, logged metrics and each optimizer step's
+    micro-batches and passes."""
     result = {}
     model, tokenizer = load_model("tiny", dtype="fp32")
     selfplay = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=1, exploration="random")
     examples, _ = build_examples(collect(None, tokenizer, selfplay), selfplay)
     sft = SFTConfig(lr=3e-3, epochs=1, batch_size=3, grad_accum=2, val_fraction=0.2, val_examples_generate=2,
-                    val_max_new_tokens=4, precision="fp32")
+                    val_max_new_tokens=4, precision="fp32", parallel=parallel)
     with recorded_grad_norms() as norms, recorded_passes() as passes:
         history = train_sft(model, tokenizer, examples, sft, out / "sft", progress=False)
     result["sft/weights"], result["sft/norms"], result["sft/passes"] = flat(model), norms, passes
+    result["sft/held"] = held_share(model)
     result["sft/metrics"] = {k: history[-1][k] for k in ("train_loss", "val_loss", "val_prediction_exact")}
+    if parallel == "fsdp":
+        result.update(optimizer_round_trip(model, out / "sft" / "epoch-1"))
 
     rollout = RolloutConfig("sokoban", {}, PromptConfig("state", max_turns=2))
-    # GRPO and ppo_head recompute their activations in the backward (gradient checkpointing
-    # under DDP); ppo_head's critic trains its head alone, DDP-wrapped, on the policy's decoder
-    runs = (("ppo", "ppo", 2, 0.5, False, "copy"), ("ppo_head", "ppo", 2, 0.5, True, "head"),
-            ("grpo", "grpo", 1, 0.25, True, "copy"))
-    for name, algorithm, steps, keep, recompute, critic in runs:
+    # Some runs recompute their activations in the backward (gradient checkpointing under
+    # the wrapper); ppo_head's critic trains its head alone, DDP-wrapped, on the policy's decoder
+    for name, algorithm, steps, keep, recompute, critic in RL_RUNS[parallel]:
         policy, _ = load_model("tiny", dtype="fp32")
         config = PPOConfig(algorithm=algorithm, steps=steps, groups=4, samples=2, keep_fraction=keep,
                            max_new_tokens=8, minibatch_size=4, micro_batch_size=2, ppo_epochs=2, actor_lr=1e-3,
                            critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute,
-                           critic=critic)
+                           critic=critic, parallel=parallel, eval_every=1)
+        # FSDP: the main process evaluates the whole policy while the other waits (the shards gathered first)
+        evaluate_fn = evaluation(tokenizer, out / name) if parallel == "fsdp" else None
         with recorded_grad_norms() as norms, recorded_passes() as passes:
             history = train_rl(policy, tokenizer, rollout, config, out / name, progress=False,
-                               engine=HashEngine(tokenizer))
+                               engine=HashEngine(tokenizer), evaluate_fn=evaluate_fn)
         result[f"{name}/weights"], result[f"{name}/norms"] = flat(policy), norms
         result[f"{name}/passes"] = passes
         last = history[-1].items()
@@ -140,10 +155,46 @@ def run(out: Path) -> dict:
     return result
 
 
-def wrapped_weights_reach_the_engine() -> dict:
+def evaluation(tokenizer, out: Path):
+    """The RL trainer's ``evaluate_fn``: a small greedy evaluation with the real engine, which
+    the trainer runs on the main process (spa.distributed.on_main)."""
+    config = EvalConfig("frozenlake", {}, PromptConfig("state", max_turns=1), num_envs=2, samples=1,
+                        temperature=0.0, max_new_tokens=4)
+    return lambda policy, step: evaluate(policy, tokenizer, config, out / "eval" / f"step-{step}", progress=False)
+
+
+def held_share(module) -> float:
+    """The share of the module's parameters that this process holds: 1, or about 1/N where
+    FSDP shards them over N processes."""
+    params = list(module.parameters())
+    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    return held / sum(p.numel() for p in params)
+
+
+def optimizer_round_trip(model, checkpoint: Path) -> dict:
+    """Whether the optimizer state of an SFT checkpoint written under FSDP (whole tensors)
+    comes back whole after loading into an optimizer of the model sharded again (as a
+    resumed run does): saved and reloaded, every tensor equal."""
+    saved = torch.load(checkpoint / TRAINER_STATE, weights_only=False, map_location="cpu")["optimizer"]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    distributed.load_optimizer_state(optimizer, saved)
+    with distributed.gathered(model, optimizer):
+        again = distributed.optimizer_state(optimizer)
+    if not distributed.is_main():
+        return {}
+    same = saved["state"].keys() == again["state"].keys() and all(
+        torch.equal(torch.as_tensor(value), torch.as_tensor(again["state"][i][key]))
+        for i, entries in saved["state"].items() for key, value in entries.items())
+    return {"resume/optimizer_same": same, "resume/optimizer_entries": len(saved["state"])}
+
+
+def wrapped_weights_reach_the_engine(parallel: str = "ddp") -> dict:
     """Greedy tokens of an engine built before :func:`spa.distributed.wrap`, before and after
     it: wrapping copies the main process's weights to the others (here the second process
-    starts from other weights), and the engine must decode with them afterwards."""
+    starts from other weights), and the engine must decode with them afterwards (under FSDP
+    inside :func:`spa.distributed.gathered`). Under FSDP also the tokens after the shards
+    change in place (as an optimizer step changes them), of the same engine and of a new one:
+    the kept fused weights must not outlive the weights they were built from."""
     model, tokenizer = load_model("tiny", dtype="fp32")
     if distributed.world()[0] == 1:
         with torch.no_grad():
@@ -153,9 +204,19 @@ def wrapped_weights_reach_the_engine() -> dict:
     prompts = [tokenizer("The lake is frozen", add_special_tokens=False)["input_ids"]]
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = engine.generate(prompts, params)[0].token_ids
-    distributed.wrap(model)
-    return {"engine/before": before, "engine/after": engine.generate(prompts, params)[0].token_ids,
-            "engine/weights": flat(model)}
+    distributed.wrap(model, parallel)
+    with distributed.gathered(model):
+        result = {"engine/before": before, "engine/after": engine.generate(prompts, params)[0].token_ids,
+                  "engine/weights": flat(model)}
+    if parallel == "fsdp":
+        with torch.no_grad():
+            for p in model.parameters():  # shards, outside gathered()
+                p.mul_(-1.0)
+        fresh = Engine(model, tokenizer)  # built on the sharded model, as the RL trainer builds its engine
+        with distributed.gathered(model):
+            result["engine/stepped"] = engine.generate(prompts, params)[0].token_ids
+            result["engine/fresh"] = fresh.generate(prompts, params)[0].token_ids
+    return result
 
 
 def agreement() -> dict:
@@ -176,6 +237,6 @@ def agreement() -> dict:
 
 
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    outcome = {**run(folder / "runs"), **wrapped_weights_reach_the_engine(), **agreement()}
+    folder, strategy = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp"
+    outcome = {**run(folder / "runs", strategy), **wrapped_weights_reach_the_engine(strategy), **agreement()}
     torch.save(outcome, folder / f"rank-{distributed.world()[0]}.pt")

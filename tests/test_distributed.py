@@ -1,12 +1,14 @@
 """Two processes train what one process trains: ``accelerate launch`` on 2 CPU processes (gloo).
 
 tests/dist_script.py runs a minimal SFT, PPO (with either critic) and GRPO on the tiny
-model. Launched on two processes, they must end with identical weights (DDP's summed
+model. Launched on two processes, they must end with identical weights (the summed
 gradients and the optimizer steps are the same everywhere), and those weights, the
 gradient norms of every optimizer step and the logged metrics must match one process
 running the same script: the check that sharding the micro-batches, the rollouts and the
 minibatches, weighting by the global counts and padding the process with fewer
-micro-batches reproduce the single-process update (up to fp32 summation order).
+micro-batches reproduce the single-process update (up to fp32 summation order). Once
+with DDP (SFT, PPO with either critic, GRPO) and once with FSDP (SFT, GRPO twice: FSDP
+trains no critic), which shards the weights themselves over the processes.
 """
 
 import os
@@ -19,17 +21,20 @@ import pytest
 import torch
 
 from spa import distributed
+from spa.models import load_model
+from spa.rl.config import PPOConfig
+from spa.worldmodel.sft import SFTConfig
 
 SCRIPT = Path(__file__).with_name("dist_script.py")
 
 
-def launch(out: Path, processes: int = 2) -> subprocess.CompletedProcess:
+def launch(out: Path, processes: int = 2, parallel: str = "ddp") -> subprocess.CompletedProcess:
     """``accelerate launch`` without a config file: ``--multi_gpu`` picks torch's elastic
     launcher (``--cpu`` would start a single process), and without CUDA spa uses gloo."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", "0", str(SCRIPT), str(out)]
+               "--main_process_port", "0", str(SCRIPT), str(out), parallel]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
 
@@ -43,36 +48,11 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
     assert distributed.world() == (0, 1)  # the reference below runs alone, in this process
     single = run(tmp_path / "single")
     for stage in ("sft", "ppo", "ppo_head", "grpo"):
-        weights, norms, metrics = (f"{stage}/{part}" for part in ("weights", "norms", "metrics"))
-        # the processes agree exactly: the same summed gradients, the same steps
-        assert torch.equal(first[weights], second[weights]), stage
-        assert first[norms] == second[norms], stage
-        # and they trained what one process trains (fp32 summation order aside). Adam divides
-        # each gradient by its own running scale, so a weight whose gradient is about 0 can
-        # take a step of up to the learning rate (1e-3 here) from summation noise alone: seen
-        # for 1 weight of 3.2 million (9e-5 off) on an Intel Xeon with AMX. So all but a few
-        # millionths of the weights must match closely, and every weight within one step.
-        assert first[weights].shape == single[weights].shape
-        off = ~torch.isclose(first[weights], single[weights], atol=2e-5, rtol=1e-4)
-        assert off.sum().item() <= 1e-5 * off.numel(), (stage, off.sum().item())
-        torch.testing.assert_close(first[weights], single[weights], atol=1e-3, rtol=0, msg=stage)
-        assert first[norms] == pytest.approx(single[norms], rel=1e-4), stage
-        assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
-        # the reference trained: the comparison is not between untouched models
-        assert single[norms] and all(n > 0 for n in single[norms]), stage
-        # each optimizer step, both processes ran as many passes as the one holding the most
-        # micro-batches (the rest padding), and one process alone runs no padding pass
-        passes = f"{stage}/passes"
-        assert len(first[passes]) == len(second[passes]) == len(single[passes]), stage
-        for (own, ran), (other, ran_there) in zip(first[passes], second[passes]):
-            assert ran == ran_there == max(own, other), stage
-        assert all(own == ran for own, ran in single[passes]), stage
+        trained_as_one(first, second, single, stage)
     # the padding was put to work: steps where one process held more micro-batches than the
     # other, whether the other held some (PPO) or none at all (the end of SFT's epoch)
-    held = [(own, other) for stage in ("sft", "ppo", "grpo")
-            for (own, _), (other, _) in zip(first[f"{stage}/passes"], second[f"{stage}/passes"])]
-    assert any(min(pair) > 0 and pair[0] != pair[1] for pair in held), held
-    assert any(min(pair) == 0 < max(pair) for pair in held), held
+    padded(first, second, ("sft", "ppo", "grpo"))
+    assert first["sft/held"] == second["sft/held"] == 1.0  # DDP: every process holds the whole model
     # wrapping copies the main process's weights to the other, and an engine built before it
     # decodes with them afterwards (the copy bumps the version counters its weights key on)
     assert torch.equal(first["engine/weights"], second["engine/weights"])
@@ -87,6 +67,120 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
     # the main process alone wrote the outputs (one metrics line per step, not two)
     assert (tmp_path / "runs" / "sft" / "epoch-1" / "trainer_state.pt").is_file()
     assert len((tmp_path / "runs" / "ppo" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def trained_as_one(first: dict, second: dict, single: dict, stage: str) -> None:
+    """The two processes' results of ``stage`` (``first``, ``second``) agree exactly and
+    match one process's (``single``)."""
+    weights, norms, metrics = (f"{stage}/{part}" for part in ("weights", "norms", "metrics"))
+    # the processes agree exactly: the same summed gradients, the same steps
+    assert torch.equal(first[weights], second[weights]), stage
+    assert first[norms] == second[norms], stage
+    # and they trained what one process trains (fp32 summation order aside). Adam divides
+    # each gradient by its own running scale, so a weight whose gradient is about 0 can
+    # take a step of up to the learning rate (1e-3 here) from summation noise alone: seen
+    # for 1 weight of 3.2 million (9e-5 off) on an Intel Xeon with AMX. So all but a few
+    # millionths of the weights must match closely, and every weight within one step.
+    assert first[weights].shape == single[weights].shape
+    off = ~torch.isclose(first[weights], single[weights], atol=2e-5, rtol=1e-4)
+    assert off.sum().item() <= 1e-5 * off.numel(), (stage, off.sum().item())
+    torch.testing.assert_close(first[weights], single[weights], atol=1e-3, rtol=0, msg=stage)
+    assert first[norms] == pytest.approx(single[norms], rel=1e-4), stage
+    assert first[metrics] == pytest.approx(single[metrics], rel=1e-4, abs=1e-6, nan_ok=True), stage
+    # the reference trained: the comparison is not between untouched models
+    assert single[norms] and all(n > 0 for n in single[norms]), stage
+    # each optimizer step, both processes ran as many passes as the one holding the most
+    # micro-batches (the rest padding), and one process alone runs no padding pass
+    passes = f"{stage}/passes"
+    assert len(first[passes]) == len(second[passes]) == len(single[passes]), stage
+    for (own, ran), (other, ran_there) in zip(first[passes], second[passes]):
+        assert ran == ran_there == max(own, other), stage
+    assert all(own == ran for own, ran in single[passes]), stage
+
+
+def padded(first: dict, second: dict, stages: tuple[str, ...]) -> None:
+    """Among the optimizer steps of ``stages``, one where one process held more micro-batches
+    than the other while both held some, and one where the other held none."""
+    held = [(own, other) for stage in stages
+            for (own, _), (other, _) in zip(first[f"{stage}/passes"], second[f"{stage}/passes"])]
+    assert any(min(pair) > 0 and pair[0] != pair[1] for pair in held), held
+    assert any(min(pair) == 0 < max(pair) for pair in held), held
+
+
+def test_fsdp_on_two_processes_trains_the_weights_of_one(tmp_path):
+    from tests.dist_script import RL_RUNS, flat, run
+
+    done = launch(tmp_path, parallel="fsdp")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    first, second = (torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in (0, 1))
+    assert distributed.world() == (0, 1)
+    single = run(tmp_path / "single", "fsdp")  # one process: parallel=fsdp wraps nothing
+    stages = ("sft", *(name for name, *_ in RL_RUNS["fsdp"]))
+    for stage in stages:
+        trained_as_one(first, second, single, stage)
+    # uneven micro-batches (GRPO: 2 against 1; the end of SFT's epoch and GRPO with a single
+    # group kept: 1 or 2 against none), every pass matched by padding
+    padded(first, second, stages)
+    # the weights were sharded: each process held half of them (the tiny model's tensors
+    # split evenly in two), and one process holds all
+    for rank in (first, second):
+        assert rank["sft/held"] == pytest.approx(0.5, abs=0.01)
+    assert single["sft/held"] == 1.0
+    # the main process wrote whole weights, which load in one process: the final ones
+    for stage, folder in (("sft", "sft/epoch-1"), ("grpo", "grpo/checkpoint/policy")):
+        model, _ = load_model(str(tmp_path / "runs" / folder), dtype="fp32", device="cpu")
+        assert torch.equal(flat(model), first[f"{stage}/weights"]), stage
+    # and the whole optimizer state, which an optimizer of the model sharded again reads back
+    assert first["resume/optimizer_same"] and first["resume/optimizer_entries"] > 0
+    saved = torch.load(tmp_path / "runs" / "sft" / "epoch-1" / "trainer_state.pt", weights_only=False)["optimizer"]
+    alone = torch.load(tmp_path / "single" / "sft" / "epoch-1" / "trainer_state.pt", weights_only=False)["optimizer"]
+    for index, entries in alone["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(saved["state"][index][key], value, atol=1e-5, rtol=1e-3)
+    # the engine decodes the main process's weights inside gathered(), and after the shards
+    # change in place its kept fused weights give way to the new ones
+    assert torch.equal(first["engine/weights"], second["engine/weights"])
+    assert second["engine/before"] != first["engine/before"]
+    assert second["engine/after"] == first["engine/after"] == first["engine/before"]
+    assert first["engine/stepped"] == first["engine/fresh"] != first["engine/after"]
+    assert second["engine/stepped"] == second["engine/fresh"] == first["engine/stepped"]
+    # the main process alone logged: the evaluation before training and one line per step
+    assert len((tmp_path / "runs" / "grpo_uneven" / "metrics.jsonl").read_text().splitlines()) == 3
+    # the main process evaluated the whole policy before and after training, the other waiting
+    assert "eval/success" in first["grpo/metrics"] and "eval/success" in second["grpo/metrics"]
+    for step in (0, 1):
+        assert (tmp_path / "runs" / "grpo" / "eval" / f"step-{step}" / "metrics.json").is_file()
+
+
+def test_the_parallel_setting_names_a_bad_value():
+    for config in (SFTConfig, PPOConfig):
+        with pytest.raises(ValueError, match=r"parallel 'zero' is not known; valid: ddp, fsdp"):
+            config(parallel="zero")
+    with pytest.raises(ValueError, match=r"parallel 'zero' is not known; valid: ddp, fsdp"):
+        distributed.wrap(torch.nn.Linear(2, 2), "zero")
+    # what FSDP does not train says so, and what to use instead
+    with pytest.raises(ValueError, match=r"parallel=fsdp does not go with lora_rank > 0.*parallel=ddp"):
+        SFTConfig(parallel="fsdp", lora_rank=8)
+    with pytest.raises(ValueError, match=r"parallel=fsdp trains the policy alone.*advantage=gae"):
+        PPOConfig(parallel="fsdp")
+    with pytest.raises(ValueError, match=r"parallel=fsdp trains the policy alone"):
+        PPOConfig(algorithm="grpo", parallel="fsdp", kl_coef=0.1)
+    assert PPOConfig(algorithm="grpo", parallel="fsdp").parallel == "fsdp"
+    assert PPOConfig(advantage="mc", parallel="fsdp").parallel == "fsdp"
+
+
+def test_one_process_wraps_nothing_whatever_the_strategy():
+    module = torch.nn.Linear(2, 2)
+    for strategy in distributed.STRATEGIES:
+        assert distributed.wrap(module, strategy) is module
+        with distributed.gathered(module):
+            assert distributed.state_dict(module) is None
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    state = distributed.optimizer_state(optimizer)
+    distributed.load_optimizer_state(optimizer, state)
+    assert optimizer.state_dict()["state"].keys() == state["state"].keys()
 
 
 def test_the_timeout_of_the_process_group_comes_from_the_environment(monkeypatch):

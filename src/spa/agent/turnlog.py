@@ -122,5 +122,7 @@ def fingerprint(model: torch.nn.Module) -> str:
         for name, tensor in model.named_parameters():
             flat = tensor.detach().reshape(-1)
             digest.update(f"{name}{tuple(tensor.shape)}".encode())
-            digest.update(flat[:: max(1, flat.numel() // 1024)].float().cpu().numpy().tobytes())
+            # a copy: numpy() of the weights' own storage would pin it, which FSDP frees and
+            # refills (spa.distributed.gathered)
+            digest.update(flat[:: max(1, flat.numel() // 1024)].to("cpu", torch.float32, copy=True).numpy().tobytes())
     return digest.hexdigest()[:16]

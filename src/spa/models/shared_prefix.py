@@ -5,13 +5,14 @@ prompt (the rules and the answer format), typically 60-70% of their tokens. Run 
 batch of one, its keys and values are repeated for the rows and the rest of each row
 attends to them: the same numbers as a full forward pass, with the prefix's compute
 divided by the batch size; gradients flow back through the repeat into the prefix.
-Not under gradient checkpointing, whose layers drop the cache.
+Not under gradient checkpointing, whose layers drop the cache, nor under FSDP.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from spa import distributed
 from spa.models.kv import cache_arg, returned_cache
 from spa.models.recompute import recomputes
 
@@ -41,8 +42,10 @@ def hidden_states(decoder, ids: Tensor, attention: Tensor, trained: Tensor) -> t
     callers pair ``hidden[:, :-1]`` with the targets ``trained[:, offset + 1:]``.
     """
     # Under gradient checkpointing the layers run without the prefix's KV cache
-    # (spa.models.recompute), so the batch runs whole.
-    offset = 0 if recomputes(decoder) else shared_prefix_length(ids, attention, trained)
+    # (spa.models.recompute), so the batch runs whole. So it does under FSDP: every process
+    # must run each layer as often (each run gathers it), and whether a batch shares a
+    # prefix differs between them.
+    offset = 0 if recomputes(decoder) or distributed.sharded(decoder) else shared_prefix_length(ids, attention, trained)
     if not offset:  # no cache: nothing reads it (and gradient checkpointing would drop it)
         return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state, 0
     from transformers import DynamicCache

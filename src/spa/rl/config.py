@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from spa import distributed
 from spa import precision as precision_
 from spa.models.engine import DEFAULT_BATCH, check_batch
 from spa.rl import core
@@ -169,6 +170,8 @@ class PPOConfig:
         "Recompute each layer's activations in the backward pass instead of keeping them (the policy's "
         "and the critic's): much less activation memory for about a third more compute "
         "(spa.models.recompute).")})
+    parallel: str = field(default="ddp", metadata={"help": distributed.PARALLEL_HELP + (
+        " fsdp trains the policy alone: no critic (grpo, or advantage mc or value), no kl_coef.")})
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
 
@@ -188,6 +191,13 @@ class PPOConfig:
                              f"{', '.join(CONTINUATIONS)}")
         if self.critic not in CRITICS:
             raise ValueError(f"critic {self.critic!r} is not known; valid: {', '.join(CRITICS)}")
+        if self.parallel not in distributed.STRATEGIES:
+            raise ValueError(f"parallel {self.parallel!r} is not known; valid: {', '.join(distributed.STRATEGIES)}")
+        if self.parallel == "fsdp" and (self.uses_critic or self.kl_coef > 0):
+            raise ValueError("parallel=fsdp trains the policy alone: it does not go with a critic (algorithm=ppo "
+                             f"with advantage={self.advantage}) nor with kl_coef > 0 (a reference model), which are "
+                             "built from copies of the policy, and FSDP's sharded modules cannot be copied; use "
+                             "grpo or advantage=mc or value, kl_coef=0, or parallel=ddp")
         if self.train_turns and self.advantage not in PER_TURN:
             raise ValueError("train_turns needs advantage=mc or value: it draws turns by their own advantage, "
                              "and the other estimators give every turn of an episode (or a token) its own share "

@@ -276,9 +276,9 @@ def save_checkpoint(out: Path, step: int, policy, tokenizer, critic, actor_opt, 
     """``out/checkpoint``, replaced atomically: policy (HF folder), critic and optimizers,
     and ``extra`` entries in the trainer state (RWML's data fingerprint)."""
     with atomic_dir(out / "checkpoint") as tmp, quiet_hf_bars():
-        policy.save_pretrained(tmp / "policy")
+        policy.save_pretrained(tmp / "policy", state_dict=distributed.state_dict(policy))  # whole under FSDP
         tokenizer.save_pretrained(tmp / "policy")
-        torch.save({"step": step, "actor_opt": actor_opt.state_dict(),
+        torch.save({"step": step, "actor_opt": distributed.optimizer_state(actor_opt),
                     "critic": critic.state_dict() if critic is not None else None,
                     "critic_opt": critic_opt.state_dict() if critic_opt is not None else None, **(extra or {})},
                    tmp / TRAINER_STATE)
@@ -314,10 +314,10 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     policy = distributed.place(policy)
     if config.gradient_checkpointing:
         enable_recompute(policy)  # the critic copies the policy's decoder, and this switch with it
-    # The training passes go through ``actor`` (DDP under a launcher, ``policy`` alone);
+    # The training passes go through ``actor`` (DDP or FSDP under a launcher, ``policy`` alone);
     # generation, evaluation and checkpoints use ``policy``. Wrapping first copies the main
     # process's weights to the others, so the reference and the critic copy those.
-    actor = distributed.wrap(policy)
+    actor = distributed.wrap(policy, config.parallel)
     device = model_device(policy)
     compute = compute or for_model(policy, config.precision)
     autocast = compute.autocast(device)
@@ -334,7 +334,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     start = 0
     if resume_from is not None:
         state = torch.load(resume_from / TRAINER_STATE, weights_only=False, map_location="cpu")
-        actor_opt.load_state_dict(state["actor_opt"])
+        distributed.load_optimizer_state(actor_opt, state["actor_opt"])
         if critic is not None:
             restore_critic(critic, state["critic"])  # a ValueError if it was saved by the other kind
             critic_opt.load_state_dict(state["critic_opt"])
@@ -349,7 +349,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:
-        logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0))))
+        logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0)), actor))
     with contextlib.closing(logger), Bar(disable=not progress or not main) as bar, \
             interrupt.graceful() as requests:
         task = bar.add_task(f"{config.algorithm} {rollout_config.env}", total=config.steps, completed=start,
@@ -358,7 +358,8 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             began = time.perf_counter()
             # 1. Roll out: a fresh block of training seeds per step, groups of samples per
             # seed; each process plays its share of the seeds.
-            trajectories = _play(engine, tokenizer, rollout_config, config, step)
+            with distributed.gathered(actor):  # FSDP: the engine reads the whole weights
+                trajectories = _play(engine, tokenizer, rollout_config, config, step)
             metrics = rollout_metrics(_everyone(trajectories))
             shaping = _shaping(turn_reward, config.best_move_reward, config.excess_action_penalty,
                                rollout_config.prompt.max_actions_per_turn)
@@ -374,7 +375,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             turn_values = None
             if config.advantage in PER_TURN:
                 kept = trajectories
-                with _timed(phases, "time/lookahead_s"):
+                with _timed(phases, "time/lookahead_s"), distributed.gathered(actor):
                     turn_values = _turn_values(engine, tokenizer, kept, rollout_config, config, step)
                 samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
                 if not centred(config):  # a raw 0 stays 0: skip those turns before the step's moments
@@ -421,13 +422,14 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             done = step + 1
             if evaluate_fn is not None and config.eval_every and (done % config.eval_every == 0
                                                                    or done == config.steps):
-                metrics.update(distributed.on_main(lambda at=done: _eval_entries(evaluate_fn(policy, at))))
+                metrics.update(distributed.on_main(lambda at=done: _eval_entries(evaluate_fn(policy, at)), actor))
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
             stop, save_now = requests.take()
             if stop or save_now or done % config.save_every == 0 or done == config.steps:
-                if main:
-                    save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
+                with distributed.gathered(actor, actor_opt):
+                    if main:
+                        save_checkpoint(out, done, policy, tokenizer, critic, actor_opt, critic_opt)
                 distributed.wait()
             if stop:
                 raise interrupt.stopped(f"step {done} of {config.steps} is saved in {out / 'checkpoint'}")

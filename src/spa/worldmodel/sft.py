@@ -14,7 +14,8 @@ and data order it had. Ctrl-C or SIGTERM writes that resume point at the end of 
 current step before stopping, and SIGUSR1 writes one without stopping
 (:mod:`spa.interrupt`).
 
-Under ``accelerate launch`` (see :mod:`spa.distributed`) the model trains wrapped in DDP;
+Under ``accelerate launch`` (see :mod:`spa.distributed`) the model trains wrapped in DDP
+(or FSDP: ``parallel``);
 every process builds the same batch list (it depends only on (seed, epoch)) and takes its
 share of each optimizer step's micro-batches; the loss is divided by the step's global
 target count, so the summed gradients are the single-process gradient and N processes
@@ -90,6 +91,7 @@ class SFTConfig:
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute each layer's activations in the backward pass instead of keeping them: "
         "much less activation memory for about a third more compute (spa.models.recompute).")})
+    parallel: str = field(default="ddp", metadata={"help": distributed.PARALLEL_HELP})
     precision: str = field(default="auto", metadata={"help": precision_.FIELD_HELP})
     seed: int = field(default=0, metadata={"help": "Data order and split seed."})
 
@@ -97,6 +99,11 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         self.precision = precision_.check(self.precision)
+        if self.parallel not in distributed.STRATEGIES:
+            raise ValueError(f"parallel {self.parallel!r} is not known; valid: {', '.join(distributed.STRATEGIES)}")
+        if self.parallel == "fsdp" and self.lora_rank > 0:
+            raise ValueError("parallel=fsdp does not go with lora_rank > 0: a checkpoint folds the adapters into "
+                             "a copy of the model, and FSDP's sharded modules cannot be copied; use parallel=ddp")
         checks = {"lr": self.lr > 0, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
                   "grad_accum": self.grad_accum >= 1, "warmup_ratio": 0 <= self.warmup_ratio < 1,
                   "val_fraction": 0 <= self.val_fraction < 1, "lora_rank": self.lora_rank >= 0}
@@ -232,11 +239,12 @@ def save_checkpoint(out: Path, epoch: int, model, tokenizer, optimizer, schedule
     """
     final = out / (MID_EPOCH if position is not None else f"epoch-{epoch}")
     with atomic_dir(final) as tmp, quiet_hf_bars():
-        merged_copy(model).save_pretrained(tmp)  # a plain model, whatever the training used
+        # a plain model, whatever the training used (whole tensors under FSDP)
+        merged_copy(model).save_pretrained(tmp, state_dict=distributed.state_dict(model))
         if is_lora(model):
             model.save_pretrained(tmp / "adapter")  # the adapters alone, to resume exactly
         tokenizer.save_pretrained(tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        torch.save({"optimizer": distributed.optimizer_state(optimizer), "scheduler": scheduler.state_dict(),
                     "epoch": epoch, "history": history, "position": position}, tmp / TRAINER_STATE)
         if position is not None:
             write_json(tmp / POSITION, {"epoch": epoch, "batches": position["batches"]})
@@ -298,9 +306,9 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
         enable_recompute(model)
     if config.lora_rank and not is_lora(model):
         model = add_lora(model, config.lora_rank)
-    # The training passes go through ``trained`` (DDP under a launcher, ``model`` alone);
-    # validation, generation and checkpoints use ``model``.
-    trained = distributed.wrap(model)
+    # The training passes go through ``trained`` (DDP or FSDP under a launcher, ``model``
+    # alone); validation, generation and checkpoints use ``model`` (whole in distributed.gathered).
+    trained = distributed.wrap(model, config.parallel)
     train_raw, val_raw = split(examples, config.val_fraction, config.seed)
     train_set, val_set = ([tokenize_example(tokenizer, e["messages"], e["response"], config.mask_states,
                                             e.get("masked_states", ())) for e in raw] for raw in (train_raw, val_raw))
@@ -321,7 +329,7 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
     start_epoch, position = 0, None
     if resume_from is not None:
         state = torch.load(resume_from / TRAINER_STATE, weights_only=False, map_location="cpu")
-        optimizer.load_state_dict(state["optimizer"])
+        distributed.load_optimizer_state(optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         history, start_epoch, position = state["history"], state["epoch"], state.get("position")
     processes = distributed.world()[1]
@@ -361,11 +369,14 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
                            info=f"loss {loss_sum / max(loss_count, 1):.3f}  {rate:.0f} tok/s")
                 done = first + len(step_batches)
                 stop, save_now = requests.take()
-                due = now - saved >= RESUME_EVERY_SECONDS and done < len(batches)
-                if (stop or save_now or due) and distributed.is_main():
-                    save_checkpoint(out, epoch, model, tokenizer, optimizer, scheduler, history, position={
-                        "batches": done, "tokens": tokens, "loss_sum": loss_sum, "loss_count": loss_count,
-                        "seconds": before + now - start, "rng": torch.get_rng_state()})
+                # the main process's clock decides for all: each takes part in a save (FSDP gathers)
+                due = distributed.broadcast_value(now - saved >= RESUME_EVERY_SECONDS and done < len(batches))
+                if stop or save_now or due:
+                    with distributed.gathered(model, optimizer):
+                        if distributed.is_main():
+                            save_checkpoint(out, epoch, model, tokenizer, optimizer, scheduler, history, position={
+                                "batches": done, "tokens": tokens, "loss_sum": loss_sum, "loss_count": loss_count,
+                                "seconds": before + now - start, "rng": torch.get_rng_state()})
                     saved = time.perf_counter()
                 if stop:
                     distributed.wait()
@@ -373,14 +384,15 @@ def train(model, tokenizer, examples: list[dict], config: SFTConfig, out: str | 
                                             f"{len(batches)} is saved in {out / MID_EPOCH}")
             seconds = before + time.perf_counter() - start
             loss_sum, loss_count, tokens = distributed.total(loss_sum, loss_count, tokens)
-            record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
-                      "tokens_per_second": tokens / seconds, "seconds": seconds,
-                      "lr": scheduler.get_last_lr()[0], "dropped_too_long": too_long,
-                      **validate(model, tokenizer, val_set, val_raw, config, compute)}
-            history.append(record)
-            if distributed.is_main():
-                save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
-                write_json(out / "metrics.json", {"config": asdict(config), "epochs": history})
+            with distributed.gathered(model, optimizer):  # FSDP: the whole weights, to validate and save
+                record = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_count, 1),
+                          "tokens_per_second": tokens / seconds, "seconds": seconds,
+                          "lr": scheduler.get_last_lr()[0], "dropped_too_long": too_long,
+                          **validate(model, tokenizer, val_set, val_raw, config, compute)}
+                history.append(record)
+                if distributed.is_main():
+                    save_checkpoint(out, epoch + 1, model, tokenizer, optimizer, scheduler, history)
+                    write_json(out / "metrics.json", {"config": asdict(config), "epochs": history})
             distributed.wait()  # the checkpoint exists for every process once train returns
     return history
 
