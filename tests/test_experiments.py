@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 SCRIPT = Path(__file__).parent.parent / "experiments" / "reward_filters.py"
 
@@ -437,3 +438,50 @@ def test_world_model_copies_tells_a_copy_from_a_prediction(tmp_path, capsys):
                         "| sokoban-vagen-iterate-s0 | 1 | 50.0 | 50.0 | 0.0 | 100.0 |"]
     with pytest.raises(SystemExit):
         copies.main([str(tmp_path / "nowhere")])
+
+
+CENTRED = Path(__file__).parent.parent / "experiments" / "centred_learner.sh"
+
+
+def centred_calls(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int, list[list[str]]]:
+    """The spa commands experiments/centred_learner.sh issues, recorded by a stand-in for spa."""
+    fake = tmp_path / "spa"
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(CENTRED), *args], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "SPA": str(fake), "CALLS": str(tmp_path / "calls"),
+                                 "RUNS": str(tmp_path / "runs"), **(env or {})})
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return result.returncode, [line.split() for line in calls]
+
+
+def _sets(call: list[str]) -> dict[str, str]:
+    return dict(call[i + 1].split("=", 1) for i, word in enumerate(call) if word == "--set")
+
+
+@pytest.mark.parametrize("task,recipe,steps", [("lake3", "frozenlake-sanity-3x3", "8"),
+                                               ("lake3-fixed", "frozenlake-sanity-3x3", "6"),
+                                               ("lake4", "frozenlake-vanilla", "12")])
+def test_the_centred_learner_script_bootstraps_then_trains_with_settings_the_rl_config_knows(tmp_path, task,
+                                                                                          recipe, steps):
+    from spa.rl.config import PPOConfig
+
+    code, calls = centred_calls(tmp_path, task, "--resume")
+    assert code == 0
+    boot, rl = calls
+    assert boot[:2] == ["run", f"configs/{recipe}.yaml"] and boot[boot.index("--until") + 1] == "bootstrap"
+    assert rl[0] == "rl" and rl[-1] == "--resume" and rl[rl.index("--steps") + 1] == steps
+    assert rl[rl.index("--model") + 1].endswith("/bootstrap/epoch-1")
+    sets = _sets(rl)
+    assert sets["center_actions"] == "true" and sets["kl_estimator"] == "full" and sets["advantage"] == "value"
+    PPOConfig(**{key: yaml.safe_load(value) for key, value in sets.items()})  # an unknown key raises
+    assert ("-o" in rl and "desc=SFF/FHG/FFF" in rl) == (task == "lake3-fixed")
+
+
+def test_the_centred_learner_script_seeds_its_training_levels_and_refuses_an_unknown_task(tmp_path):
+    code, calls = centred_calls(tmp_path, "lake3", env={"SEED": "2"})
+    assert code == 0 and _sets(calls[-1])["seed_start"] == "200000"
+    assert calls[-1][calls[-1].index("--out") + 1].endswith("exp-centred-lake3-2")
+    (tmp_path / "other").mkdir()
+    code, calls = centred_calls(tmp_path / "other", "lake5")
+    assert code == 2 and calls == []
