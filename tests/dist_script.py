@@ -105,14 +105,17 @@ def flat(module) -> torch.Tensor:
 
 
 #: The RL runs of each strategy: (name, algorithm, steps, keep_fraction, gradient checkpointing,
-#: critic). PPO (2 steps, one of 4 groups kept per process: the processes hold different numbers
-#: of turns), the same PPO with a value head on the policy's decoder as its critic (``ppo_head``,
-#: gradient checkpointing on) and GRPO (1 step, gradient checkpointing on, a single group kept:
-#: one process trains on nothing and runs only padding passes). FSDP trains no critic: GRPO as
-#: PPO's first run (``grpo_uneven``) and as DDP's.
-RL_RUNS = {"ddp": (("ppo", "ppo", 2, 0.5, False, "copy"), ("ppo_head", "ppo", 2, 0.5, True, "head"),
-                   ("grpo", "grpo", 1, 0.25, True, "copy")),
-           "fsdp": (("grpo_uneven", "grpo", 2, 0.5, False, "copy"), ("grpo", "grpo", 1, 0.25, True, "copy"))}
+#: critic, KL to a reference: None or (kl_coef, kl_estimator)). PPO (2 steps, one of 4 groups kept
+#: per process: the processes hold different numbers of turns; a KL term), the same PPO with a value
+#: head on the policy's decoder as its critic (``ppo_head``, gradient checkpointing on) and GRPO
+#: (1 step, gradient checkpointing on, a single group kept: one process trains on nothing and runs
+#: only padding passes). FSDP trains no critic: GRPO as PPO's first run (``grpo_uneven``, with the
+#: exact KL to a reference) and as DDP's. In the runs with a KL term the second process starts from
+#: other weights (:func:`off_main`).
+RL_RUNS = {"ddp": (("ppo", "ppo", 2, 0.5, False, "copy", (0.25, "k3")),
+                   ("ppo_head", "ppo", 2, 0.5, True, "head", None), ("grpo", "grpo", 1, 0.25, True, "copy", None)),
+           "fsdp": (("grpo_uneven", "grpo", 2, 0.5, False, "copy", (0.25, "full")),
+                    ("grpo", "grpo", 1, 0.25, True, "copy", None))}
 
 
 def run(out: Path, parallel: str = "ddp") -> dict:
@@ -137,12 +140,16 @@ def run(out: Path, parallel: str = "ddp") -> dict:
     rollout = RolloutConfig("sokoban", {}, PromptConfig("state", max_turns=2))
     # Some runs recompute their activations in the backward (gradient checkpointing under
     # the wrapper); ppo_head's critic trains its head alone, DDP-wrapped, on the policy's decoder
-    for name, algorithm, steps, keep, recompute, critic in RL_RUNS[parallel]:
+    for name, algorithm, steps, keep, recompute, critic, kl in RL_RUNS[parallel]:
         policy, _ = load_model("tiny", dtype="fp32")
+        kl_coef, kl_estimator = kl or (0.0, "k3")
+        if kl_coef:  # the reference must hold the main process's weights, as the trained policy does
+            off_main(policy)
         config = PPOConfig(algorithm=algorithm, steps=steps, groups=4, samples=2, keep_fraction=keep,
                            max_new_tokens=8, minibatch_size=4, micro_batch_size=2, ppo_epochs=2, actor_lr=1e-3,
                            critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute,
-                           critic=critic, parallel=parallel, eval_every=1)
+                           critic=critic, parallel=parallel, eval_every=1, kl_coef=kl_coef,
+                           kl_estimator=kl_estimator)
         # FSDP: the main process evaluates the whole policy while the other waits (the shards gathered first)
         evaluate_fn = evaluation(tokenizer, out / name) if parallel == "fsdp" else None
         with recorded_grad_norms() as norms, recorded_passes() as passes:
@@ -153,6 +160,16 @@ def run(out: Path, parallel: str = "ddp") -> dict:
         last = history[-1].items()
         result[f"{name}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
     return result
+
+
+def off_main(model) -> None:
+    """Other weights than the main process's on every other process (scaled by 1.5), as a
+    checkpoint read from another disk would give: what the trainer copies from the main
+    process must not depend on them."""
+    if distributed.world()[0] != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)
 
 
 def evaluation(tokenizer, out: Path):
@@ -196,10 +213,7 @@ def wrapped_weights_reach_the_engine(parallel: str = "ddp") -> dict:
     change in place (as an optimizer step changes them), of the same engine and of a new one:
     the kept fused weights must not outlive the weights they were built from."""
     model, tokenizer = load_model("tiny", dtype="fp32")
-    if distributed.world()[0] == 1:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1.5)
+    off_main(model)
     engine = Engine(model, tokenizer)
     prompts = [tokenizer("The lake is frozen", add_special_tokens=False)["input_ids"]]
     params = SamplingParams(max_new_tokens=6, temperature=0.0)

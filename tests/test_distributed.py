@@ -8,7 +8,9 @@ running the same script: the check that sharding the micro-batches, the rollouts
 minibatches, weighting by the global counts and padding the process with fewer
 micro-batches reproduce the single-process update (up to fp32 summation order). Once
 with DDP (SFT, PPO with either critic, GRPO) and once with FSDP (SFT, GRPO twice: FSDP
-trains no critic), which shards the weights themselves over the processes.
+trains no critic), which shards the weights themselves over the processes. One RL run of
+each has a KL term to a reference model, the second process starting from other weights:
+the reference must hold the main process's.
 """
 
 import os
@@ -49,6 +51,7 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
     single = run(tmp_path / "single")
     for stage in ("sft", "ppo", "ppo_head", "grpo"):
         trained_as_one(first, second, single, stage)
+    kl_to_the_main_reference(first, "ppo")
     # the padding was put to work: steps where one process held more micro-batches than the
     # other, whether the other held some (PPO) or none at all (the end of SFT's epoch)
     padded(first, second, ("sft", "ppo", "grpo"))
@@ -98,6 +101,15 @@ def trained_as_one(first: dict, second: dict, single: dict, stage: str) -> None:
     assert all(own == ran for own, ran in single[passes]), stage
 
 
+def kl_to_the_main_reference(first: dict, stage: str) -> None:
+    """``stage`` trained with a KL term, which moved off 0 as the policy left the reference.
+    The second process started from other weights (dist_script.off_main): that its metrics
+    and weights matched one process's (:func:`trained_as_one`) says its reference held the
+    main process's starting weights, as its policy did."""
+    assert first[f"{stage}/metrics"]["actor/kl_ref"] > 0, stage
+    assert first[f"{stage}/metrics"]["actor/kl_loss"] > 0, stage
+
+
 def padded(first: dict, second: dict, stages: tuple[str, ...]) -> None:
     """Among the optimizer steps of ``stages``, one where one process held more micro-batches
     than the other while both held some, and one where the other held none."""
@@ -118,6 +130,7 @@ def test_fsdp_on_two_processes_trains_the_weights_of_one(tmp_path):
     stages = ("sft", *(name for name, *_ in RL_RUNS["fsdp"]))
     for stage in stages:
         trained_as_one(first, second, single, stage)
+    kl_to_the_main_reference(first, "grpo_uneven")  # the exact KL, the reference unsharded beside the shards
     # uneven micro-batches (GRPO: 2 against 1; the end of SFT's epoch and GRPO with a single
     # group kept: 1 or 2 against none), every pass matched by padding
     padded(first, second, stages)
@@ -161,12 +174,14 @@ def test_the_parallel_setting_names_a_bad_value():
     # what FSDP does not train says so, and what to use instead
     with pytest.raises(ValueError, match=r"parallel=fsdp does not go with lora_rank > 0.*parallel=ddp"):
         SFTConfig(parallel="fsdp", lora_rank=8)
-    with pytest.raises(ValueError, match=r"parallel=fsdp trains the policy alone.*advantage=gae"):
+    with pytest.raises(ValueError, match=r"parallel=fsdp trains no critic.*advantage=gae.*parallel=ddp"):
         PPOConfig(parallel="fsdp")
-    with pytest.raises(ValueError, match=r"parallel=fsdp trains the policy alone"):
-        PPOConfig(algorithm="grpo", parallel="fsdp", kl_coef=0.1)
+    with pytest.raises(ValueError, match=r"parallel=fsdp trains no critic.*advantage=turn_gae"):
+        PPOConfig(advantage="turn_gae", parallel="fsdp", kl_coef=0.1)
     assert PPOConfig(algorithm="grpo", parallel="fsdp").parallel == "fsdp"
     assert PPOConfig(advantage="mc", parallel="fsdp").parallel == "fsdp"
+    # the reference model is not sharded: a KL term trains under FSDP
+    assert PPOConfig(algorithm="grpo", parallel="fsdp", kl_coef=0.25, kl_estimator="full").kl_coef == 0.25
 
 
 def test_one_process_wraps_nothing_whatever_the_strategy():

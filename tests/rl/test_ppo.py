@@ -19,7 +19,7 @@ from spa.rl.advantages import (balance_episodes, compute_advantages, critic_adva
                                place_rewards, whiten_advantages)
 from spa.rl.minibatches import group_spread, local_table, top_groups
 from spa.rl.config import PPOConfig
-from spa.rl.ppo import resume_point, train, update_actor
+from spa.rl.ppo import frozen_reference, resume_point, train, update_actor
 from spa.rl.logger import read_metrics
 from tests.scripted import ScriptedEngine, wm
 
@@ -377,6 +377,18 @@ def test_the_exact_kl_term_is_the_token_mean_of_the_full_distributions_kl(tiny):
                          np.random.default_rng(0))
     assert stats["actor/kl_ref"] == pytest.approx(expected, rel=1e-4) and expected > 1e-3
     assert stats["actor/kl_loss"] == pytest.approx(0.25 * expected, rel=1e-4)
+
+
+def test_the_reference_is_a_frozen_copy_of_the_policy_as_loaded(tiny):
+    """kl_coef > 0: the reference holds the policy's starting weights in tensors of its own
+    (the policy's steps leave it), without gradients, in eval mode. (Under a launcher, the
+    main process's weights: tests/test_distributed.py.)"""
+    model, _ = tiny
+    reference = frozen_reference(model)
+    assert not reference.training and not any(p.requires_grad for p in reference.parameters())
+    assert all(p.requires_grad for p in model.parameters())
+    for (name, own), (ref_name, ref) in zip(model.state_dict().items(), reference.state_dict().items(), strict=True):
+        assert name == ref_name and torch.equal(own, ref) and own.data_ptr() != ref.data_ptr(), name
 
 
 def test_recompute_applies_the_sampling_temperature(tiny):

@@ -171,7 +171,8 @@ class PPOConfig:
         "and the critic's): much less activation memory for about a third more compute "
         "(spa.models.recompute).")})
     parallel: str = field(default="ddp", metadata={"help": distributed.PARALLEL_HELP + (
-        " fsdp trains the policy alone: no critic (grpo, or advantage mc or value), no kl_coef.")})
+        " fsdp trains no critic (grpo, or advantage mc or value); with kl_coef > 0 each process also holds "
+        "the whole reference model.")})
 
     RENAMED_KEYS: ClassVar[dict] = dict([precision_.RENAMED_BF16])
 
@@ -193,11 +194,11 @@ class PPOConfig:
             raise ValueError(f"critic {self.critic!r} is not known; valid: {', '.join(CRITICS)}")
         if self.parallel not in distributed.STRATEGIES:
             raise ValueError(f"parallel {self.parallel!r} is not known; valid: {', '.join(distributed.STRATEGIES)}")
-        if self.parallel == "fsdp" and (self.uses_critic or self.kl_coef > 0):
-            raise ValueError("parallel=fsdp trains the policy alone: it does not go with a critic (algorithm=ppo "
-                             f"with advantage={self.advantage}) nor with kl_coef > 0 (a reference model), which are "
-                             "built from copies of the policy, and FSDP's sharded modules cannot be copied; use "
-                             "grpo or advantage=mc or value, kl_coef=0, or parallel=ddp")
+        if self.parallel == "fsdp" and self.uses_critic:
+            raise ValueError("parallel=fsdp trains no critic: it does not go with algorithm=ppo with "
+                             f"advantage={self.advantage}, whose critic is built from a copy of the policy after "
+                             "wrapping, and FSDP's sharded modules cannot be copied; use grpo or advantage=mc or "
+                             "value, or parallel=ddp")
         if self.train_turns and self.advantage not in PER_TURN:
             raise ValueError("train_turns needs advantage=mc or value: it draws turns by their own advantage, "
                              "and the other estimators give every turn of an episode (or a token) its own share "

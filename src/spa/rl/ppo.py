@@ -41,6 +41,7 @@ metrics, runs the evaluations and writes the checkpoints.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -291,6 +292,24 @@ def resume_point(out: str | Path) -> Path | None:
     return path if (path / TRAINER_STATE).is_file() else None
 
 
+def frozen_reference(policy: torch.nn.Module) -> torch.nn.Module:
+    """The KL term's reference: a frozen copy of ``policy`` as loaded, before
+    :func:`spa.distributed.wrap`, holding the main process's weights on every process.
+
+    Every process loads the same weights, but one whose weights differ (a seed-dependent
+    init, a checkpoint read from another disk) would otherwise keep its own reference: the
+    main process's tensors are broadcast, as wrapping does for the policy. The reference
+    stays whole under every strategy, FSDP included: sharded, each of its passes would
+    gather every layer from all processes, so every process would have to run it as often,
+    and the padding passes (:func:`spa.distributed.accumulation`) do not run it. That costs
+    one more whole model per process, in the policy's dtype (its fp32 master weights where
+    training computes in bf16 under autocast): under FSDP more than the policy's own shard.
+    """
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    distributed.copy_from_main(reference)
+    return reference
+
+
 def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, out: str | Path,
           evaluate_fn=None, resume_from: Path | None = None, progress: bool = True,
           engine=None, turn_reward: Callable[[Turn], float] | None = None, compute=None) -> list[dict]:
@@ -314,18 +333,15 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     policy = distributed.place(policy)
     if config.gradient_checkpointing:
         enable_recompute(policy)  # the critic copies the policy's decoder, and this switch with it
+    # Copied before wrapping, which under FSDP shards the policy in place (module copies then fail).
+    reference = frozen_reference(policy) if config.kl_coef > 0 else None
     # The training passes go through ``actor`` (DDP or FSDP under a launcher, ``policy`` alone);
     # generation, evaluation and checkpoints use ``policy``. Wrapping first copies the main
-    # process's weights to the others, so the reference and the critic copy those.
+    # process's weights to the others, so the critic copies those.
     actor = distributed.wrap(policy, config.parallel)
     device = model_device(policy)
     compute = compute or for_model(policy, config.precision)
     autocast = compute.autocast(device)
-    reference = None
-    if config.kl_coef > 0:
-        import copy
-
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
     # critic=head reads the policy's own decoder (no second copy; spa.rl.critic)
     critic = build_critic(policy, config.critic).to(device) if config.uses_critic else None
     actor_opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.actor_lr,
