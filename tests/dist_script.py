@@ -1,4 +1,5 @@
-"""A minimal SFT and RL run on the tiny model, for tests/test_distributed.py.
+"""A self-play split by level, then a minimal SFT and RL run on the tiny model, for
+tests/test_distributed.py.
 
 The test runs it under ``accelerate launch`` on 2 CPU processes (``python dist_script.py
 OUT [ddp|fsdp]``: each process writes ``OUT/rank-N.pt``) and calls :func:`run` in its own
@@ -6,8 +7,8 @@ process for the single-process reference. Not collected by pytest (no ``test_`` 
 
 The RL engine answers each prompt from a hash of its tokens: a rollout's answers then
 depend only on the episode, not on which process plays it next to which others (the
-real engine's sampled tokens depend on the batch), so 1 and 2 processes train on the
-same episodes and must reach the same weights.
+real engine's sampled tokens depend on the batch), so 1 and 2 processes play the same
+episodes (the self-play too) and must reach the same weights.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from spa.models import load_model
 from spa.models.engine import Engine, Generation, SamplingParams
 from spa.rl.config import PPOConfig
 from spa.rl.ppo import train as train_rl
-from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect, collect_by_level
 from spa.worldmodel.sft import SFTConfig
 from spa.worldmodel.sft import train as train_sft
 
@@ -125,6 +126,7 @@ def run(out: Path, parallel: str = "ddp") -> dict:
     micro-batches and passes."""
     result = {}
     model, tokenizer = load_model("tiny", dtype="fp32")
+    result.update(selfplay_by_level(tokenizer))
     selfplay = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=1, exploration="random")
     examples, _ = build_examples(collect(None, tokenizer, selfplay), selfplay)
     sft = SFTConfig(lr=3e-3, epochs=1, batch_size=3, grad_accum=2, val_fraction=0.2, val_examples_generate=2,
@@ -150,7 +152,7 @@ def run(out: Path, parallel: str = "ddp") -> dict:
                            critic_lr=1e-3, tensorboard=False, precision="fp32", gradient_checkpointing=recompute,
                            critic=critic, parallel=parallel, eval_every=1, kl_coef=kl_coef,
                            kl_estimator=kl_estimator)
-        # FSDP: the main process evaluates the whole policy while the other waits (the shards gathered first)
+        # FSDP: every process evaluates its share of the levels with the whole policy (the shards gathered first)
         evaluate_fn = evaluation(tokenizer, out / name) if parallel == "fsdp" else None
         with recorded_grad_norms() as norms, recorded_passes() as passes:
             history = train_rl(policy, tokenizer, rollout, config, out / name, progress=False,
@@ -160,6 +162,20 @@ def run(out: Path, parallel: str = "ddp") -> dict:
         last = history[-1].items()
         result[f"{name}/metrics"] = {k: v for k, v in last if not k.startswith(("charts/", "time/"))}
     return result
+
+
+def selfplay_by_level(tokenizer) -> dict:
+    """Self-play of 5 levels x 2 samples split over the processes (``collect_by_level``): the
+    episodes the main process collects (seed, group, sample, responses; None on the others)
+    and each process's share. The hash engine's answers depend on the episode alone, so one
+    process and two must collect the same episodes."""
+    config = SelfPlayConfig(env="frozenlake", episodes=10, samples=2, max_turns=2)
+    played = collect_by_level(HashEngine(tokenizer), tokenizer, config)
+    if played is None:
+        return {"selfplay/episodes": None, "selfplay/shares": None}
+    return {"selfplay/episodes": [(t.seed, t.group, t.sample, [turn.response for turn in t.turns])
+                                  for t in played.trajectories],
+            "selfplay/shares": [(share["levels"], share["episodes"]) for share in played.shares]}
 
 
 def off_main(model) -> None:
@@ -174,7 +190,7 @@ def off_main(model) -> None:
 
 def evaluation(tokenizer, out: Path):
     """The RL trainer's ``evaluate_fn``: a small greedy evaluation with the real engine, which
-    the trainer runs on the main process (spa.distributed.on_main)."""
+    every process runs, each playing one of the 2 levels (spa.agent.sharding)."""
     config = EvalConfig("frozenlake", {}, PromptConfig("state", max_turns=1), num_envs=2, samples=1,
                         temperature=0.0, max_new_tokens=4)
     return lambda policy, step: evaluate(policy, tokenizer, config, out / "eval" / f"step-{step}", progress=False)
@@ -235,16 +251,27 @@ def wrapped_weights_reach_the_engine(parallel: str = "ddp") -> dict:
 
 def agreement() -> dict:
     """What :func:`spa.distributed.on_main` hands every process (the main process's value,
-    computed there as a run of its own; the main process's exception) and the process
-    group's timeout."""
+    computed there as a run of its own; the main process's exception), what
+    :func:`spa.distributed.from_each` collects (every process's value on the main one; the
+    exception of the one process that failed, on all) and the process group's timeout."""
     def fail():
         raise ValueError(f"bad value on rank {distributed.world()[0]}")
 
-    result = {"on_main/value": distributed.on_main(distributed.world)}
+    def fail_off_main():
+        if not distributed.is_main():
+            fail()
+        return 1
+
+    result = {"on_main/value": distributed.on_main(distributed.world),
+              "from_each/value": distributed.from_each(distributed.world)}
     try:
         distributed.on_main(fail)
     except ValueError as error:
         result["on_main/error"] = str(error)
+    try:
+        distributed.from_each(fail_off_main)
+    except ValueError as error:
+        result["from_each/error"] = str(error)
     group = torch.distributed.group.WORLD
     result["timeout"] = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     return result

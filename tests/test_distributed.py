@@ -10,9 +10,12 @@ micro-batches reproduce the single-process update (up to fp32 summation order). 
 with DDP (SFT, PPO with either critic, GRPO) and once with FSDP (SFT, GRPO twice: FSDP
 trains no critic), which shards the weights themselves over the processes. One RL run of
 each has a KL term to a reference model, the second process starting from other weights:
-the reference must hold the main process's.
+the reference must hold the main process's. Before them, a self-play split by level over
+the processes must collect the episodes of one process (the script's engine answers by
+the episode alone); FSDP's RL evaluations are split by level too.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -67,6 +70,14 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path):
         assert rank["on_main/value"] == (0, 1)
         assert rank["on_main/error"] == "bad value on rank 0"
         assert rank["timeout"] == distributed.DEFAULT_TIMEOUT_SECONDS
+    # from_each: every process's value on the main process; the second process's exception on both
+    assert first["from_each/value"] == [(0, 2), (1, 2)] and second["from_each/value"] is None
+    assert first["from_each/error"] == second["from_each/error"] == "bad value on rank 1"
+    # self-play split by level: each process played its share (3 and 2 of the 5 levels, every
+    # sample of a level on one process), and the main process collected the episodes of one process
+    assert first["selfplay/shares"] == [(3, 6), (2, 4)] and second["selfplay/episodes"] is None
+    assert first["selfplay/episodes"] == single["selfplay/episodes"]
+    assert single["selfplay/shares"] == [(5, 10)]
     # the main process alone wrote the outputs (one metrics line per step, not two)
     assert (tmp_path / "runs" / "sft" / "epoch-1" / "trainer_state.pt").is_file()
     assert len((tmp_path / "runs" / "ppo" / "metrics.jsonl").read_text().splitlines()) == 2
@@ -159,10 +170,12 @@ def test_fsdp_on_two_processes_trains_the_weights_of_one(tmp_path):
     assert second["engine/stepped"] == second["engine/fresh"] == first["engine/stepped"]
     # the main process alone logged: the evaluation before training and one line per step
     assert len((tmp_path / "runs" / "grpo_uneven" / "metrics.jsonl").read_text().splitlines()) == 3
-    # the main process evaluated the whole policy before and after training, the other waiting
+    # both processes evaluated the whole policy before and after training, one of the 2 levels
+    # each (the shards gathered first), and the main process wrote the evaluation
     assert "eval/success" in first["grpo/metrics"] and "eval/success" in second["grpo/metrics"]
     for step in (0, 1):
-        assert (tmp_path / "runs" / "grpo" / "eval" / f"step-{step}" / "metrics.json").is_file()
+        evaluation = json.loads((tmp_path / "runs" / "grpo" / "eval" / f"step-{step}" / "metrics.json").read_text())
+        assert [share["levels"] for share in evaluation["processes"]] == [1, 1]
 
 
 def test_the_parallel_setting_names_a_bad_value():

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from spa.agent import sharding
 from spa.agent.prompts import PromptConfig
 from spa.agent.trajectory import Trajectory
-from spa.eval import evaluate as evaluate_module
 from spa.eval.evaluate import EvalConfig, evaluate, interval_rows, metric_rows
 from spa.eval.metrics import pass_at_k_interval, summarize
 
@@ -28,9 +28,10 @@ def episodes(outcomes):
 
 @pytest.fixture
 def scripted_outcomes(monkeypatch):
-    """``evaluate``'s rollout replaced by episodes with chosen outcomes (the model is not run)."""
+    """``evaluate``'s rollout (:mod:`spa.agent.sharding` calls it) replaced by episodes with
+    chosen outcomes (the model is not run)."""
     def use(outcomes):
-        monkeypatch.setattr(evaluate_module, "rollout", lambda *args, **kwargs: episodes(outcomes))
+        monkeypatch.setattr(sharding, "rollout", lambda *args, **kwargs: episodes(outcomes))
     return use
 
 

@@ -4,6 +4,7 @@ checked at load time with an error naming the value, and handed to the engine.""
 import pytest
 from typer.testing import CliRunner
 
+from spa.agent import sharding
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
 from spa.agent.trajectory import Trajectory
@@ -68,7 +69,7 @@ def test_evaluate_builds_its_engine_with_the_batch(tiny, monkeypatch):
     monkeypatch.setattr(evaluate_module, "Engine", lambda model, tokenizer, max_batch_size, dtype=None:
                         built.append(max_batch_size) or Engine(model, tokenizer, max_batch_size, dtype))
     won = Trajectory("frozenlake", {}, seed=0, group=0, sample=0, mode="base", success=True, terminated=True)
-    monkeypatch.setattr(evaluate_module, "rollout", lambda *args, **kwargs: [won])
+    monkeypatch.setattr(sharding, "rollout", lambda *args, **kwargs: [won])
     config = EvalConfig("frozenlake", prompt=PromptConfig("base", max_turns=1), num_envs=1, samples=1,
                         engine_batch=3)
     assert evaluate(model, tokenizer, config, progress=False)["config"]["engine_batch"] == 3

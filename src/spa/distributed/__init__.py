@@ -30,8 +30,8 @@ gradient, and every process then takes the same optimizer step. A single process
 wraps nothing and pads nothing.
 
 FSDP shards the module in place: outside the training passes its parameters are shards.
-What reads the whole weights (the generation engine, validation, an evaluation on the
-main process, a checkpoint) runs inside :func:`gathered`, which every process enters
+What reads the whole weights (the generation engine, validation, an evaluation, a
+checkpoint) runs inside :func:`gathered`, which every process enters
 together (:func:`on_main` takes the model to gather as well); checkpoints take their
 tensors from :func:`state_dict` and :func:`optimizer_state`, whole, so that one process
 or any other launch resumes from them (:func:`load_optimizer_state`).
@@ -41,11 +41,14 @@ Of accelerate only :class:`accelerate.PartialState` is used (the process state b
 ``gather_object``, ``broadcast_object_list``, ``reduce`` and ``wait_for_everyone``.
 Without CUDA (or with ``ACCELERATE_USE_CPU``) the processes talk over gloo on CPU.
 
-Work that only the main process does (an evaluation, self-play, a whole stage of
-``spa run`` that is not data-parallel) goes through :func:`on_main`: the others wait
-for its result in a collective, so the process group's timeout must outlast it. It is
-set where the group starts, from ``SPA_DIST_TIMEOUT`` (seconds; default 2 hours, where
-torch's own default is 30 minutes for gloo and 10 for NCCL).
+Work that only the main process does (writing an evaluation's files, random-exploration
+data, a whole stage of ``spa run`` that is not data-parallel) goes through :func:`on_main`:
+the others wait for its result in a collective, so the process group's timeout must
+outlast it. It is set where the group starts, from ``SPA_DIST_TIMEOUT`` (seconds; default
+2 hours, where torch's own default is 30 minutes for gloo and 10 for NCCL). Work split
+over the processes whose results the main process collects (the levels of an evaluation
+or of self-play: :mod:`spa.agent.sharding`) goes through :func:`from_each`, which
+raises one process's exception on all of them, as :func:`on_main` does.
 
 The package, bottom to top (each module imports only those listed before it):
 :mod:`~spa.distributed.process` (the process state and the collectives),
@@ -53,18 +56,19 @@ The package, bottom to top (each module imports only those listed before it):
 :mod:`~spa.distributed.fsdp` (sharding, :func:`gathered`, whole checkpoints),
 :mod:`~spa.distributed.ddp` (the DDP wrapper and its summed all-reduce),
 :mod:`~spa.distributed.parallel` (:func:`wrap`, :func:`forward`, :func:`accumulation`) and
-:mod:`~spa.distributed.main_process` (:func:`on_main`). Callers use the names re-exported
+:mod:`~spa.distributed.main_process` (:func:`on_main`, :func:`from_each`). Callers use the names re-exported
 here (``from spa import distributed; distributed.wrap(...)``); the submodules import
 one another, never this package's own names, so that there is no import cycle.
 """
 
 from spa.distributed.fsdp import gathered, load_optimizer_state, optimizer_state, sharded, state_dict
-from spa.distributed.main_process import on_main
+from spa.distributed.main_process import from_each, on_main
 from spa.distributed.parallel import PARALLEL_HELP, STRATEGIES, accumulation, forward, wrap
 from spa.distributed.process import (DEFAULT_TIMEOUT_SECONDS, TIMEOUT_ENV, alone, broadcast_value, copy_from_main,
-                                     gather, is_main, place, shard, state, sum_stats, timeout, total, wait, world)
+                                     gather, gather_on_main, is_main, place, shard, state, sum_stats, timeout, total,
+                                     wait, world)
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "PARALLEL_HELP", "STRATEGIES", "TIMEOUT_ENV", "accumulation", "alone",
-           "broadcast_value", "copy_from_main", "forward", "gather", "gathered", "is_main", "load_optimizer_state",
-           "on_main", "optimizer_state", "place", "shard", "sharded", "state", "state_dict", "sum_stats", "timeout",
-           "total", "wait", "world", "wrap"]
+           "broadcast_value", "copy_from_main", "forward", "from_each", "gather", "gather_on_main", "gathered",
+           "is_main", "load_optimizer_state", "on_main", "optimizer_state", "place", "shard", "sharded", "state",
+           "state_dict", "sum_stats", "timeout", "total", "wait", "world", "wrap"]

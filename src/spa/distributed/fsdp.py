@@ -109,7 +109,7 @@ def gathered(model: nn.Module | None, *optimizers: torch.optim.Optimizer) -> Ite
     otherwise (DDP, one process) nothing happens.
 
     For whatever reads the weights outside the training passes: the generation engine,
-    validation, an evaluation on the main process (:func:`spa.distributed.on_main`), a
+    validation, an evaluation (every process playing its share of the levels), a
     checkpoint (:func:`state_dict`). The modules run inside as many times as each process
     likes without a collective, as they are not freed after their forward; no backward
     runs inside. ``optimizers``: their states are gathered as well, whole, on the main

@@ -1,4 +1,6 @@
-"""Work that the main process does alone while the others wait for its result (:func:`on_main`).
+"""Work that the main process does alone while the others wait for its result
+(:func:`on_main`), and work split over the processes whose results the main process
+collects (:func:`from_each`).
 
 Above :mod:`spa.distributed.fsdp`: under FSDP the model that the work reads is gathered
 on every process first.
@@ -45,6 +47,32 @@ def on_main(fn: Callable[[], T], model: nn.Module | None = None) -> T:
     if sent is not None:
         raise sent
     return result
+
+
+def from_each(fn: Callable[[], T]) -> list[T] | None:
+    """``fn()`` run on every process (each its share of some work: the levels of an
+    evaluation), the results in rank order on the main process, None on the others.
+    Alone: ``[fn()]``.
+
+    An exception in ``fn`` on any process is raised on every process (the first in rank
+    order where the process itself did not fail), so that none waits out the timeout in a
+    collective that a failed process never joins: the processes first agree on whether
+    all of them succeeded, a small exchange, and only then send the results.
+    """
+    if process.world()[1] == 1:
+        return [fn()]
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as caught:  # noqa: BLE001 - sent on, then raised here as well
+        error = caught
+    errors = process.gather([None if error is None else _portable(error)])
+    if error is not None:
+        raise error
+    sent = next((other for other in errors if other is not None), None)
+    if sent is not None:
+        raise sent
+    return process.gather_on_main(result)
 
 
 def _portable(error: Exception) -> Exception:

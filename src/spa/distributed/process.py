@@ -24,8 +24,10 @@ from spa.compute import accelerate_cpu
 T = TypeVar("T")
 
 TIMEOUT_ENV = "SPA_DIST_TIMEOUT"
-# Long enough for the main process to evaluate 128 levels x 8 samples on a CPU while the
-# others wait (about 15 minutes with SmolLM2-135M on one core) many times over.
+# Long enough, many times over, for the longest work one process does while the others
+# wait: an evaluation of 128 levels x 8 samples on a CPU took about 15 minutes with
+# SmolLM2-135M on one core (split by level now, but a process may still wait for the
+# slowest share, or for the main process's expert iteration or RWML stage).
 DEFAULT_TIMEOUT_SECONDS = 2 * 3600
 
 # Depth of alone() blocks: inside one, this process acts as a run of its own.
@@ -108,6 +110,17 @@ def place(module: nn.Module) -> nn.Module:
 def gather(items: list[T]) -> list[T]:
     """Every process's ``items`` (picklable), concatenated in rank order, on every process."""
     return items if world()[1] == 1 else gather_object(list(items))
+
+
+def gather_on_main(value: T) -> list[T] | None:
+    """Every process's ``value`` (picklable), in rank order, on the main process; None on
+    the others. For what only the main process reads (a sharded evaluation's trajectories):
+    :func:`gather` would send every process's share to every other process as well."""
+    if world()[1] == 1:
+        return [value]
+    values = [None] * world()[1] if is_main() else None
+    torch.distributed.gather_object(value, values, dst=0)
+    return values
 
 
 def broadcast_value(value: T) -> T:

@@ -7,6 +7,12 @@ same folder resumes from its last finished turn. The evaluation
 seeds start at ``EVAL_SEED_OFFSET``, far above any training seed. Every Pass@k comes
 with a 95% interval over levels, ``pass_at_k_ci95`` (``spa.eval.metrics.summarize``),
 when there are at least 2 levels.
+
+Under a launcher every process calls :func:`evaluate`: each plays its share of the levels
+(:mod:`spa.agent.sharding`: all samples of a level on one process, another sampling draw
+than one process's), the main process alone summarises them and writes the outputs
+(``metrics.json`` then records each process's share under ``processes``), and every
+process returns the metrics.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from typing import Any
 
 import torch
 
+from spa import distributed
 from spa.agent.prompts import PromptConfig
-from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.rollout import RolloutConfig
 from spa.agent.seeds import eval_seeds
+from spa.agent.sharding import Played, finish_log, own_log, rollout_by_level
 from spa.agent.turnlog import TurnLog
 from spa.eval.metrics import summarize
 from spa.io import atomic_write_text, write_json, write_jsonl
@@ -61,7 +69,8 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
     """Roll out the evaluation seeds, summarise, and write the outputs to ``out_dir``.
 
     ``dtype`` decodes in another precision than the model's (a trainer's fp32 weights in bf16);
-    ``label`` names the evaluation in its progress line (default ``eval ENV``).
+    ``label`` names the evaluation in its progress line (default ``eval ENV``). Under a
+    launcher every process calls it, each with the whole model (module docstring).
     """
     engine = Engine(model, tokenizer, max_batch_size=config.engine_batch, dtype=dtype)
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -70,20 +79,30 @@ def evaluate(model, tokenizer, config: EvalConfig, out_dir: str | Path | None = 
                                    format_penalty=config.format_penalty)
     start = time.perf_counter()
     # With an output folder the finished turns go to disk, so an interrupted evaluation resumes.
-    log = TurnLog(Path(out_dir) / PARTIAL) if out_dir is not None else None
-    with turn_progress(label or f"eval {config.env}", config.prompt.max_turns, disable=not progress,
-                       engine=engine) as on_turn, \
+    log = TurnLog(own_log(Path(out_dir) / PARTIAL)) if out_dir is not None else None
+    with turn_progress(label or f"eval {config.env}", config.prompt.max_turns,
+                       disable=not progress or not distributed.is_main(), engine=engine) as on_turn, \
             log or contextlib.nullcontext():
-        trajectories = rollout(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
-                               rollout_config, sampling, on_turn=on_turn, log=log)
+        played = rollout_by_level(engine, tokenizer, eval_seeds(config.num_envs), config.samples,
+                                  rollout_config, sampling, on_turn=on_turn, log=log)
+    # the main process's time, which under a launcher includes waiting for the slowest process
     seconds = log.seconds() if log is not None else time.perf_counter() - start
+    metrics = distributed.on_main(lambda: summarized(played, config, model_name, seconds, out_dir))
+    if log is not None:
+        finish_log(log)
+    return metrics
+
+
+def summarized(played: Played, config: EvalConfig, model_name: str, seconds: float,
+               out_dir: str | Path | None) -> dict:
+    """The metrics of a played evaluation, its outputs written to ``out_dir``."""
+    trajectories = played.trajectories
     metrics = summarize(trajectories, intervals=True)
     generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
     metrics.update(model=model_name, config=asdict(config), wall_seconds=round(seconds, 1),
-                   generated_tokens=generated, tokens_per_second=round(generated / max(seconds, 1e-9), 1))
+                   generated_tokens=generated, tokens_per_second=round(generated / max(seconds, 1e-9), 1),
+                   **played.by_process())
     write_outputs(out_dir, trajectories, metrics)
-    if log is not None:
-        log.finish()
     return metrics
 
 

@@ -30,13 +30,16 @@ or RL stage (last checkpoint). The resolved recipe is saved as ``config.yaml``; 
 with a different recipe is refused.
 
 Under a launcher (``accelerate launch``, ``torchrun``: several processes) every process
-runs ``spa run`` and the main one alone writes the run folder. The data-parallel stages
-(the fine-tuning of bootstrap, sft and bridge, and ``rl`` with PPO/GRPO) train on every
-process (:mod:`spa.distributed`); the others (self-play, the random-exploration data,
-evaluations, RWML, expert iteration, the report) run on the main process while the
-others wait for its result. What the processes must agree on comes from the main
-process: the finished stages, each stage's outputs and where a stage resumes.
-``stages.json`` records each stage's ``world_size``.
+runs ``spa run`` and the main one alone writes the run folder (each process keeps its own
+log of the turns it plays there while it plays). The data-parallel stages (the fine-tuning
+of bootstrap, sft and bridge, and ``rl`` with PPO/GRPO) train on every process
+(:mod:`spa.distributed`); the model's self-play and the evaluations (the eval stages and
+PPO's evaluations inside rl) are split by level over the processes, the main process
+summarising and writing them (:mod:`spa.agent.sharding`); the rest (the random-exploration
+data, RWML, expert iteration, the report) runs on the main process while the others wait
+for its result. What the processes must agree on comes from the main process: the finished
+stages, each stage's outputs and where a stage resumes. ``stages.json`` records each
+stage's ``world_size``.
 
 Once a training stage is recorded as finished, its checkpoints lose their trainer state
 (``trainer_state.pt``: optimizer, scheduler, the RL critic), unless the recipe sets
@@ -59,6 +62,7 @@ from typing import Callable
 from spa import distributed, heap
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig
+from spa.agent.sharding import Played, finish_log, own_log
 from spa.agent.turnlog import TurnLog
 from spa.compute import Compute, decide
 from spa.config import read_yaml, save, to_dict, with_defaults
@@ -75,12 +79,17 @@ from spa.rl.logger import MetricsLogger
 from spa.rl.ppo import resume_point
 from spa.rl.ppo import train as train_rl
 from spa.rl.rewards import vagen_turn_reward
-from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect
+from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect_by_level
 from spa.worldmodel.sft import last_checkpoint, load_examples, resume_model
 from spa.worldmodel.sft import train as train_sft
 
 #: Training stages: each writes its checkpoints into the run folder's subfolder of its name.
 CHECKPOINT_STAGES = ("bootstrap", "sft", "bridge", "rwml", "rl")
+
+#: Stages that run on every process: the data-parallel training and the play split by
+#: level; the others run on the main process alone.
+EVERY_PROCESS = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_bootstrap", "eval_sft", "eval_rwml",
+                 "eval_final")
 
 STAGES = ("bootstrap", "selfplay", "sft", "bridge", "eval_base", "eval_bootstrap", "eval_sft", "rwml", "eval_rwml",
           "rl", "eval_final", "report")
@@ -167,10 +176,10 @@ class Run:
         return self.stages
 
     def _run_stage(self, stage: str) -> dict:
-        """A stage's outputs, as the main process has them: a data-parallel stage runs on
-        every process, the others on the main one alone (module docstring)."""
+        """A stage's outputs, as the main process has them: a data-parallel or split stage
+        runs on every process, the others on the main one alone (module docstring)."""
         fn = getattr(self, f"_{stage}")
-        if stage in ("bootstrap", "sft", "bridge") or (stage == "rl" and self.recipe.rl == "ppo"):
+        if stage in EVERY_PROCESS or (stage == "rl" and self.recipe.rl == "ppo"):
             return distributed.broadcast_value(fn())
         return distributed.on_main(fn)
 
@@ -225,6 +234,8 @@ class Run:
 
     def _selfplay_data(self, model: str | None, out: Path, exploration: str, episodes: int, samples: int,
                        mode: str = "world_model", exploration_actions: int = 0) -> dict:
+        """Play data into ``out`` (every process calls it): the model's self-play split by level
+        over the processes, random exploration on the main process (``collect_by_level``)."""
         r = self.recipe
         s = r.selfplay
         config = SelfPlayConfig(env=r.env.name, env_config=dict(r.env.options), episodes=episodes, samples=samples,
@@ -236,17 +247,16 @@ class Run:
         if exploration == "self_play":
             lm, tokenizer = self.load(model)
             engine = Engine(lm, tokenizer, max_batch_size=config.engine_batch)
-        with TurnLog(out.with_suffix(".partial.jsonl")) as log:  # an interrupted play resumes from its last turn
-            examples, stats = build_examples(collect(engine, tokenizer, config, log=log), config)
-        write_jsonl(out, examples)
-        write_json(out.with_suffix(".stats.json"), stats)
-        log.finish()
-        if not examples:
-            raise RuntimeError(f"self-play kept no example ({stats['dropped_malformed']} of {stats['turns']} "
+        # an interrupted play resumes from its last turn
+        with TurnLog(own_log(out.with_suffix(".partial.jsonl"))) as log:
+            played = collect_by_level(engine, tokenizer, config, log=log)
+        data = distributed.on_main(partial(_write_examples, played, config, out))
+        finish_log(log)
+        if not data["kept"]:
+            raise RuntimeError(f"self-play kept no example ({data['malformed']} of {data['turns']} "
                                "turns malformed): the model cannot write the world-model format yet; set "
                                "selfplay.bootstrap_episodes > 0 for a format bootstrap")
-        return {"data": str(out), "kept": stats["kept"], "turns": stats["turns"],
-                "malformed": stats["dropped_malformed"], "success_rate": stats["success_rate"]}
+        return data
 
     def _fine_tune(self, model: str, data: str, out: Path, epochs: int, **overrides) -> str:
         """Fine-tune ``model`` on ``data`` into ``out`` (on every process), from the main
@@ -279,9 +289,8 @@ class Run:
         modes = [r.rl_mode] + (["world_model"] if r.eval.world_model and r.rl_mode != "world_model" else [])
         for mode in modes:
             out = eval_dir(self.dir, f"eval_{name}", mode)
-            if (out / "metrics.json").is_file():
-                metrics = json.loads((out / "metrics.json").read_text())
-            else:
+            metrics = distributed.on_main(partial(_saved_metrics, out))  # every process plays, or none
+            if metrics is None:
                 if lm is None:
                     lm, tokenizer = self.load(model)
                 metrics = evaluate(lm, tokenizer, self._eval_config(mode), out, model_name=model)
@@ -293,9 +302,8 @@ class Run:
 
     def _bootstrap(self) -> dict:
         s = self.recipe.selfplay
-        data = distributed.on_main(partial(
-            self._selfplay_data, None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
-            mode=self.recipe.bootstrap_mode, exploration_actions=s.bootstrap_actions))
+        data = self._selfplay_data(None, self.dir / "data" / "bootstrap.jsonl", "random", s.bootstrap_episodes, 1,
+                                   mode=self.recipe.bootstrap_mode, exploration_actions=s.bootstrap_actions)
         model = self._fine_tune(self.recipe.model, data["data"], self.dir / "bootstrap", s.bootstrap_epochs)
         return {**data, "model": model}
 
@@ -315,9 +323,8 @@ class Run:
         # (docs/making-rl-learn.md, "The learn preset on FrozenLake"). No held-out split: the
         # targets are random actions.
         s = self.recipe.selfplay
-        data = distributed.on_main(partial(
-            self._selfplay_data, None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
-            mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions))
+        data = self._selfplay_data(None, self.dir / "data" / "bridge.jsonl", "random", s.bootstrap_episodes, 1,
+                                   mode=self.recipe.rl_mode, exploration_actions=s.bootstrap_actions)
         model = self._fine_tune(self.output("sft"), data["data"], self.dir / "bridge", s.bootstrap_epochs,
                                 val_fraction=0.0)
         return {**data, "model": model}
@@ -415,11 +422,29 @@ class Run:
         if self.recipe.rl == "iterate":  # never with rwml, the one method without an rl stage
             # The last round was evaluated on these levels with these settings already.
             done = Path(self.output("rl", "final_eval"))
-            shutil.copytree(done, eval_dir(self.dir, "eval_final", self.recipe.rl_mode), dirs_exist_ok=True)
+            distributed.on_main(partial(shutil.copytree, done, eval_dir(self.dir, "eval_final", self.recipe.rl_mode),
+                                        dirs_exist_ok=True))
         return self._evaluate(self.output("rl" if "rl" in self.stage_list() else "rwml"), "final")
 
     def _report(self) -> dict:
         return {"report": str(write_report(self.dir))}
+
+
+def _saved_metrics(out: Path) -> dict | None:
+    """The metrics of an evaluation written into ``out`` already (None: not there)."""
+    path = out / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_examples(played: Played, config: SelfPlayConfig, out: Path) -> dict:
+    """The SFT examples of a play written to ``out`` (and its counts beside it); the stage's
+    record of them."""
+    examples, stats = build_examples(played.trajectories, config)
+    stats.update(played.by_process())
+    write_jsonl(out, examples)
+    write_json(out.with_suffix(".stats.json"), stats)
+    return {"data": str(out), "kept": stats["kept"], "turns": stats["turns"],
+            "malformed": stats["dropped_malformed"], "success_rate": stats["success_rate"]}
 
 
 def _quiet(text: str) -> None:

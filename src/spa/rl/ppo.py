@@ -34,8 +34,9 @@ global sample list, each process training the members it holds with losses weigh
 the minibatch's global count; the policy and the critic train wrapped in DDP, which sums
 the gradients in each optimizer step's last backward pass (a process holding fewer
 micro-batches of a minibatch pads with passes that add nothing). The result is the
-single-process update whatever the number of processes. The main process logs global
-metrics, runs the evaluations and writes the checkpoints.
+single-process update whatever the number of processes. The evaluations are split by
+level over the processes (:mod:`spa.agent.sharding`); the main process logs global
+metrics, writes the evaluations' outputs and the checkpoints.
 """
 
 from __future__ import annotations
@@ -316,7 +317,9 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     """Run PPO or GRPO; returns the per-step metrics (also in ``out/metrics.jsonl``).
 
     ``evaluate_fn(policy, step) -> dict`` runs the periodic evaluation (its flat numeric
-    entries are logged under ``eval/``). ``resume_from`` is a checkpoint whose policy
+    entries are logged under ``eval/``); launched, every process calls it and must get the
+    same result, as :func:`spa.eval.evaluate.evaluate` gives (each process plays its share
+    of the levels, the main process writes). ``resume_from`` is a checkpoint whose policy
     weights ``policy`` already holds; the critic and optimizers are restored from it.
     ``engine`` replaces the generation engine (tests script the responses with it).
     ``turn_reward(turn)`` is added to every turn's reward before the advantages (VAGEN-style
@@ -365,7 +368,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     history = []
     if evaluate_fn is not None and config.eval_every and start == 0:
-        logger.log(0, distributed.on_main(lambda: _eval_entries(evaluate_fn(policy, 0)), actor))
+        logger.log(0, _evaluation(evaluate_fn, policy, actor, 0))
     with contextlib.closing(logger), Bar(disable=not progress or not main) as bar, \
             interrupt.graceful() as requests:
         task = bar.add_task(f"{config.algorithm} {rollout_config.env}", total=config.steps, completed=start,
@@ -438,7 +441,7 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
             done = step + 1
             if evaluate_fn is not None and config.eval_every and (done % config.eval_every == 0
                                                                    or done == config.steps):
-                metrics.update(distributed.on_main(lambda at=done: _eval_entries(evaluate_fn(policy, at)), actor))
+                metrics.update(_evaluation(evaluate_fn, policy, actor, done))
             logger.log(done, metrics)
             history.append({"step": done, **metrics})
             stop, save_now = requests.take()
@@ -453,6 +456,15 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                                                   f"success {metrics['rollout/success']:.0%}"
                                                   + ("" if table else "  nothing to train: no update"))
     return history
+
+
+def _evaluation(evaluate_fn, policy, actor, step: int) -> dict:
+    """The periodic evaluation's ``eval/`` entries, on every process: each calls
+    ``evaluate_fn`` with the whole weights (under FSDP gathered from the shards first), and
+    :func:`spa.eval.evaluate.evaluate` there plays each process's share of the levels while
+    the main process alone writes the outputs."""
+    with distributed.gathered(actor):
+        return _eval_entries(evaluate_fn(policy, step))
 
 
 @contextlib.contextmanager

@@ -42,19 +42,22 @@ about 1% of turns (docs/baselines.md, "World-model baselines").
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from spa import distributed
 from spa.agent.grids import grid_cells, state_match
 from spa.agent.keep import FILTERS, KEEP, LABELLED, keep_filter, keep_help
 from spa.agent.labels import label_turns
 from spa.agent.parsing import ACTION_SEPARATOR
 from spa.agent.prompts import PromptConfig, build_messages, check_mode
-from spa.agent.rollout import RolloutConfig, rollout
+from spa.agent.rollout import RolloutConfig
 from spa.agent.seeds import train_seeds
+from spa.agent.sharding import Played, rollout_by_level
 from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.turnlog import TurnLog
 from spa.models.engine import DEFAULT_BATCH, check_batch
@@ -238,16 +241,38 @@ def random_exploration(config: SelfPlayConfig, seeds: list[int]) -> list[Traject
 def collect(engine, tokenizer, config: SelfPlayConfig, on_turn=None, log: TurnLog | None = None) -> list[Trajectory]:
     """Play the training seeds: the model in world-model mode, or templated turns of random
     (or, under ``exploration="oracle"``, best) actions. ``log`` keeps the model's finished
-    turns on disk so an interrupted play resumes (:mod:`spa.agent.turnlog`)."""
+    turns on disk so an interrupted play resumes (:mod:`spa.agent.turnlog`). Every level on
+    the calling process, under a launcher too (:func:`collect_by_level` splits them)."""
+    with distributed.alone():
+        return collect_by_level(engine, tokenizer, config, on_turn=on_turn, log=log).trajectories
+
+
+def collect_by_level(engine, tokenizer, config: SelfPlayConfig, on_turn=None,
+                     log: TurnLog | None = None) -> Played | None:
+    """:func:`collect` with the model's play split over the processes of a launch by level
+    (:mod:`spa.agent.sharding`): on the main process every trajectory, in single-process
+    order, and each process's share; None on the others. Every process calls it.
+
+    Random and oracle exploration run on the main process alone: one generator draws every
+    level's actions in turn, so a share of the levels would draw other actions than one
+    process does, and they play in seconds without a model. ``log``: this process's own
+    (:func:`spa.agent.sharding.own_log`).
+    """
     seeds = train_seeds(config.episodes // config.samples, config.seed_start)
     if config.exploration != "self_play":
-        return random_exploration(config, seeds)
+        if not distributed.is_main():
+            return None
+        began = time.perf_counter()
+        trajectories = random_exploration(config, seeds)
+        return Played(trajectories, [{"levels": len(seeds), "episodes": len(trajectories),
+                                      "seconds": round(time.perf_counter() - began, 1)}])
     from spa.models.engine import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                               seed=config.seed)
     rollout_config = RolloutConfig(config.env, config.env_config, config.prompt)
-    return rollout(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn, log=log)
+    return rollout_by_level(engine, tokenizer, seeds, config.samples, rollout_config, sampling, on_turn=on_turn,
+                            log=log)
 
 
 def check_value_settings(rollouts: int, horizon: int, tolerance: float) -> None:
