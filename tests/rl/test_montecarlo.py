@@ -127,10 +127,30 @@ def test_log_objective_weights_a_best_move_by_its_state_share(tiny):
     assert label_advantages([right, *downs], 400, 1, (0,), "log") == [[2.0], [-1.0, 0.0], [-1.0, 0.0]]
     assert label_advantages([right, *downs], 400, 1, (0,), "linear") == [[1.0], [0.0, 0.0], [0.0, 0.0]]
     assert label_advantages([right], 400, 1, (0,), "log") == [[0.0]]
-    with pytest.raises(ValueError, match="objective 'square' is not known; valid: linear, log"):
+    with pytest.raises(ValueError, match="objective 'square' is not known; valid: linear, log, state"):
         label_advantages([right], 400, 1, (0,), "square")
-    with pytest.raises(ValueError, match="value_objective 'square' is not known; valid: linear, log"):
+    with pytest.raises(ValueError, match="value_objective 'square' is not known; valid: linear, log, state"):
         PPOConfig(advantage="value", value_objective="square")
+
+
+def test_state_objective_subtracts_the_share_of_best_moves_at_the_state(tiny, monkeypatch):
+    """At the corner lake's start the four moves are legal and only Right is best: b = 1/4,
+    so Right gets 1 - 1/4 and Down 0 - 1/4, pushed down although no turn of the step found
+    Down best anywhere (per-move centring would leave it at 0). From (1,0) no move stands out
+    with one action of look-ahead (b = 0, label 0): 0. A malformed turn gets 0; the turn
+    after it, Right from the start again, 3/4. No solver is called."""
+    _, tokenizer = tiny
+    config = lake_rollout()
+    right = played(config, ["<answer>Right</answer>"], tokenizer)
+    down = played(config, ["<answer>Down</answer>", "<answer>Left</answer>"], tokenizer)
+    junk = played(config, ["junk", "<answer>Right</answer>"], tokenizer)
+
+    def no_solver(self):
+        raise AssertionError("the solver was called on the path of RL from the reward")
+
+    for cls in (TextEnv, *TextEnv.__subclasses__()):
+        monkeypatch.setattr(cls, "best_actions", no_solver)
+    assert label_advantages([right, down, junk], 400, 1, (0,), "state") == [[0.75], [-0.25, 0.0], [0.0, 0.75]]
 
 
 def test_vine_advantages_by_hand():

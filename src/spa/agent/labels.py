@@ -20,9 +20,12 @@ from spa.envs.lookahead import action_values, best_by_value
 
 
 def label_turns(trajectories: Iterable[Trajectory], rollouts: int, horizon: int, tolerance: float,
-                seed: int) -> None:
+                seed: int) -> list[list[float]]:
     """Set ``turn.value_first`` on every turn: whether its first action is among the best by
     :func:`action_values` at the state it was played in (``False`` for a turn with no action).
+    Returns, per trajectory and turn, the share of the state's legal actions that are among
+    the best: the label uniformly random play would score there on average (0 for a turn
+    with no action).
 
     Each episode is replayed from its level seed with the actions it played, which
     reproduces its states exactly (an environment's randomness is drawn from its seeded
@@ -32,9 +35,11 @@ def label_turns(trajectories: Iterable[Trajectory], rollouts: int, horizon: int,
     (the samples of a level all start from the same one), so a label depends neither on
     the order of the episodes nor on which of them reached the state first.
     """
-    best_at: dict[tuple, frozenset[str]] = {}
+    best_at: dict[tuple, tuple[frozenset[str], float]] = {}
+    shares: list[list[float]] = []
     for trajectory in trajectories:
         level = (trajectory.env, json.dumps(trajectory.env_config, sort_keys=True), trajectory.seed)
+        shares.append([0.0] * len(trajectory.turns))
         for index, env in replay(trajectory):
             turn = trajectory.turns[index]
             first = env.canonical_action(turn.actions[0]) if turn.actions else None
@@ -42,10 +47,15 @@ def label_turns(trajectories: Iterable[Trajectory], rollouts: int, horizon: int,
                 state = env.render()
                 if (level, state) not in best_at:
                     rng = np.random.default_rng((seed, trajectory.seed, zlib.crc32(state.encode())))
-                    best_at[level, state] = best_by_value(action_values(env, rollouts, horizon, rng), tolerance)
-                turn.value_first = first in best_at[level, state]
+                    values = action_values(env, rollouts, horizon, rng)
+                    best = best_by_value(values, tolerance)
+                    best_at[level, state] = best, len(best) / len(values)
+                best, share = best_at[level, state]
+                turn.value_first = first in best
+                shares[-1][index] = share
             else:
                 turn.value_first = False
+    return shares
 
 
 def replay(trajectory: Trajectory) -> Iterator[tuple[int, TextEnv]]:

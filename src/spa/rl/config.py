@@ -16,7 +16,7 @@ ALGORITHMS = ("ppo", "grpo")
 #: advantages from copies of the environment (:mod:`spa.rl.montecarlo`), with either loss.
 ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc", "value"), "grpo": ("grpo", "grpo_no_std", "mc", "value")}
 #: What advantage=value trains (spa.rl.montecarlo.label_advantages).
-VALUE_OBJECTIVES = ("linear", "log")
+VALUE_OBJECTIVES = ("linear", "log", "state")
 #: The estimators that give each turn its own advantage from copies of the environment.
 PER_TURN = ("mc", "value")
 CONTINUATIONS = ("random", "policy")
@@ -60,7 +60,9 @@ class PPOConfig:
         "advantage=value: linear trains the expected label (A = the label, 1 or 0), whose ascent "
         "takes a policy blind to the state to the one move best most often; log trains the sum over "
         "states of log pi(best | s), behaviour cloning's objective (A = label / p_s - 1, p_s the share "
-        "of the step's turns at that state whose move was best; spa.rl.montecarlo.label_advantages).")})
+        "of the step's turns at that state whose move was best; spa.rl.montecarlo.label_advantages); state "
+        "trains the linear objective with a baseline of the state (A = the label - the share of the state's "
+        "legal moves that are best), so every move that was not best where it was played is pushed down.")})
     train_turns: int = field(default=0, metadata={"help": (
         "advantage=mc or value: train on this many turns a step (0: all), drawn with replacement with probability "
         "proportional to the size of their advantage, each given sign(A) x (times drawn) x the step's mean |A| "

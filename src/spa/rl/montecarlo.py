@@ -117,11 +117,21 @@ def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int
     plays each move as often as it is best (probability matching), not one move. A state
     played once, or where no turn's move or every turn's move was best, gives 0: there is no
     estimate of ``p_s``, or nothing to push toward.
+
+    ``objective="state"``: ``label - b_s``, with ``b_s`` the share of the state's legal moves
+    that are best (uniformly random play's label there): the linear objective's gradient
+    with a baseline of the state alone, so the same gradient in expectation, but every move
+    that was not best at its state is pushed down, also one that the step never saw best
+    anywhere (which centring per move, ``center_actions``, leaves at 0). A turn with no
+    action gives 0.
     """
-    label_turns(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
+    shares = label_turns(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
     labels = [[float(turn.value_first) for turn in trajectory.turns] for trajectory in trajectories]
     if objective == "linear":
         return labels
+    if objective == "state":
+        return [[label - share for label, share in zip(episode_labels, episode_shares)]
+                for episode_labels, episode_shares in zip(labels, shares)]
     if objective != "log":
         raise ValueError(f"objective {objective!r} is not known; valid: {', '.join(VALUE_OBJECTIVES)}")
     # The state before turn t is the grid turn t - 1 left (label_turns checked it on replay);
