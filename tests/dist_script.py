@@ -14,12 +14,11 @@ episodes (the self-play too) and must reach the same weights.
 from __future__ import annotations
 
 import sys
-import zlib
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from fakes import hashed_answers
 
 from spa import distributed
 from spa.agent.prompts import PromptConfig
@@ -27,7 +26,7 @@ from spa.agent.rollout import RolloutConfig
 from spa.eval.evaluate import EvalConfig, evaluate
 from spa.io import TRAINER_STATE
 from spa.models import load_model
-from spa.models.engine import Engine, Generation, SamplingParams
+from spa.models.engine import Engine, SamplingParams
 from spa.rl.config import PPOConfig
 from spa.rl.ppo import train as train_rl
 from spa.worldmodel.selfplay import SelfPlayConfig, build_examples, collect, collect_by_level
@@ -46,17 +45,9 @@ class HashEngine:
         self.tokenizer = tokenizer
 
     def generate(self, prompts, params, progress=False):
-        seen: Counter = Counter()
-        out = []
-        for prompt in prompts:
-            key = tuple(prompt)
-            text = ANSWERS[(zlib.crc32(str(key).encode()) + seen[key]) % len(ANSWERS)]
-            seen[key] += 1
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            # about the tiny random model's own log-probs (ln of its 49k vocabulary), so
-            # the PPO ratios start near 1 rather than all clipped
-            out.append(Generation(ids, text, [-10.7 - 0.1 * (i % 3) for i in range(len(ids))], "stop"))
-        return out
+        # about the tiny random model's own log-probs (ln of its 49k vocabulary), so the PPO
+        # ratios start near 1 rather than all clipped
+        return hashed_answers(self.tokenizer, prompts, ANSWERS, lambda n: [-10.7 - 0.1 * (i % 3) for i in range(n)])
 
 
 @contextmanager

@@ -2,18 +2,24 @@
 one process's order. The launched version (2 processes) is tested in tests/test_distributed.py
 and tests/pipeline/test_launch.py; here each process's share is played in turn in one process."""
 
-import zlib
-from collections import Counter
-
 import torch
+from fakes import hashed_answers
 
 from spa import distributed
 from spa.agent.prompts import PromptConfig
 from spa.agent.rollout import RolloutConfig, rollout
-from spa.agent.sharding import (Played, finish_log, levels_of, merged, own_log, process_seed, renumbered,
-                                 rollout_by_level)
+from spa.agent.sharding import (
+    Played,
+    finish_log,
+    levels_of,
+    merged,
+    own_log,
+    process_seed,
+    renumbered,
+    rollout_by_level,
+)
 from spa.agent.turnlog import TurnLog
-from spa.models.engine import Generation, SamplingParams
+from spa.models.engine import SamplingParams
 
 ANSWERS = ("<answer>Up</answer>", "nonsense", "<answer>Left || Down</answer>", "<answer>Right</answer>")
 CONFIG = RolloutConfig("frozenlake", {}, PromptConfig("state", max_turns=2))
@@ -35,15 +41,7 @@ class PromptEngine:
         return torch.float32
 
     def generate(self, prompts, params, progress=False):
-        seen: Counter = Counter()
-        out = []
-        for prompt in prompts:
-            key = tuple(prompt)
-            text = ANSWERS[(zlib.crc32(str(key).encode()) + seen[key]) % len(ANSWERS)]
-            seen[key] += 1
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append(Generation(ids, text, [-1.0] * len(ids), "stop"))
-        return out
+        return hashed_answers(self.tokenizer, prompts, ANSWERS, lambda n: [-1.0] * n)
 
 
 def test_every_level_goes_to_one_process_and_the_shares_are_even():
