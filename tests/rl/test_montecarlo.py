@@ -368,6 +368,19 @@ def test_a_centred_value_label_pushes_its_zero_label_turns_down(tiny, tmp_path):
     assert centred["actor/advantage_mean"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_the_state_baseline_trains_a_move_that_was_best_nowhere_where_per_move_centring_cannot(tiny, tmp_path):
+    """Every episode plays Down at the corner lake's start, where Right alone is best: Down's
+    label is 0 in every turn. Centred per move, Down's mean is 0 and so is every turn's
+    advantage: nothing trains. With the state's baseline (1/4 of the legal moves best) each
+    Down turn gets -1/4 and trains, pushed down."""
+    script = [["<answer>Down</answer>"] * 4]
+    per_move = _value_step(tiny, tmp_path, script, 1, mc_center=False, center_actions=True)
+    assert per_move["charts/train_turns"] == 0
+    state = _value_step(tiny, tmp_path, script, 1, mc_center=False, value_objective="state")
+    assert state["charts/train_turns"] == 4 and state["advantages/mc_mean"] == pytest.approx(-0.25)
+    assert state["actor/advantage_mean"] < 0
+
+
 def test_centring_per_move_trains_a_move_where_it_beat_its_own_mean(tiny, tmp_path):
     """Episodes alternate Right (best at the start: label 1) and Down then Right (Down 0 at
     the start; from (1,0) no move reaches the goal in one action, so Right is 0 there).
