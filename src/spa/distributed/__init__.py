@@ -63,12 +63,12 @@ one another, never this package's own names, so that there is no import cycle.
 
 from spa.distributed.fsdp import gathered, load_optimizer_state, optimizer_state, sharded, state_dict
 from spa.distributed.main_process import from_each, on_main
-from spa.distributed.parallel import PARALLEL_HELP, STRATEGIES, accumulation, forward, wrap
+from spa.distributed.parallel import PARALLEL_HELP, STRATEGIES, accumulation, check_strategy, forward, wrap
 from spa.distributed.process import (DEFAULT_TIMEOUT_SECONDS, TIMEOUT_ENV, alone, broadcast_value, copy_from_main,
                                      gather, gather_on_main, is_main, place, shard, state, sum_stats, timeout, total,
                                      wait, world)
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "PARALLEL_HELP", "STRATEGIES", "TIMEOUT_ENV", "accumulation", "alone",
-           "broadcast_value", "copy_from_main", "forward", "from_each", "gather", "gather_on_main", "gathered",
-           "is_main", "load_optimizer_state", "on_main", "optimizer_state", "place", "shard", "sharded", "state",
-           "state_dict", "sum_stats", "timeout", "total", "wait", "world", "wrap"]
+           "broadcast_value", "check_strategy", "copy_from_main", "forward", "from_each", "gather", "gather_on_main",
+           "gathered", "is_main", "load_optimizer_state", "on_main", "optimizer_state", "place", "shard", "sharded",
+           "state", "state_dict", "sum_stats", "timeout", "total", "wait", "world", "wrap"]

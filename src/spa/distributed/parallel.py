@@ -26,6 +26,14 @@ PARALLEL_HELP = ("Data-parallel strategy under a launcher (docs/distributed.md):
                  "decoder layer), for a model whose training does not fit one device. One process ignores it.")
 
 
+def check_strategy(strategy: str) -> str:
+    """``strategy`` if it is one of :data:`STRATEGIES`, else a ValueError naming it and them
+    (the trainers' ``parallel`` setting is checked here, where it is used)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"parallel {strategy!r} is not known; valid: {', '.join(STRATEGIES)}")
+    return strategy
+
+
 def wrap(module: nn.Module, strategy: str = "ddp") -> nn.Module:
     """``module`` as it trains: spread over the processes by ``strategy`` (``ddp`` or
     ``fsdp``: :data:`STRATEGIES`) with several processes, itself alone.
@@ -40,8 +48,7 @@ def wrap(module: nn.Module, strategy: str = "ddp") -> nn.Module:
     ``module`` itself, whose parameters the wrapper shares; under FSDP ``module`` holds
     shards of them, and those uses run inside :func:`spa.distributed.gathered`.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"parallel {strategy!r} is not known; valid: {', '.join(STRATEGIES)}")
+    check_strategy(strategy)
     if process.world()[1] == 1:
         return module
     return fsdp.wrap(module) if strategy == "fsdp" else ddp.wrap(module)

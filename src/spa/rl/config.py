@@ -194,8 +194,7 @@ class PPOConfig:
                              f"{', '.join(CONTINUATIONS)}")
         if self.critic not in CRITICS:
             raise ValueError(f"critic {self.critic!r} is not known; valid: {', '.join(CRITICS)}")
-        if self.parallel not in distributed.STRATEGIES:
-            raise ValueError(f"parallel {self.parallel!r} is not known; valid: {', '.join(distributed.STRATEGIES)}")
+        distributed.check_strategy(self.parallel)
         if self.parallel == "fsdp" and self.uses_critic:
             raise ValueError("parallel=fsdp trains no critic: it does not go with algorithm=ppo with "
                              f"advantage={self.advantage}, whose critic is built from a copy of the policy after "

@@ -99,8 +99,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         self.precision = precision_.check(self.precision)
-        if self.parallel not in distributed.STRATEGIES:
-            raise ValueError(f"parallel {self.parallel!r} is not known; valid: {', '.join(distributed.STRATEGIES)}")
+        distributed.check_strategy(self.parallel)
         if self.parallel == "fsdp" and self.lora_rank > 0:
             raise ValueError("parallel=fsdp does not go with lora_rank > 0: a checkpoint folds the adapters into "
                              "a copy of the model, and FSDP's sharded modules cannot be copied; use parallel=ddp")
