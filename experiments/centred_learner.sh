@@ -14,6 +14,10 @@
 # `--resume` goes on after an interruption (runs are not kept between machines: a run
 # must finish where it started). SEED=N changes the training lakes and samples
 # (not the probe's lakes). THREADS sets the torch threads (default: all cores).
+# LEARNER=state swaps per-move centring for the baseline of the state
+# (`value_objective=state`, docs/making-rl-learn.md, "A baseline of the state"); the run
+# folder is then RUNS/exp-state-TASK[-SEED]. START=CHECKPOINT starts RL from another
+# checkpoint in the plain prompt (an SPA run's bridge) instead of the format bootstrap.
 #
 # The learner: each played turn's label is 1 if its move is among the best at its state
 # by Monte-Carlo value (128 random continuations on copies of the environment; no solver,
@@ -35,11 +39,16 @@ learner=(--algorithm grpo --groups 64 --samples 1 --mode base
   --set kl_coef=0.25 --set kl_estimator=full --set actor_lr=5e-5 --set warmup_steps=10
   --set ppo_epochs=4 --set max_new_tokens=64 --set micro_batch_size=16 --set minibatch_size=16
   --set save_every=1 --set seed="$seed" --set seed_start=$((seed * 100000)))
+learner_name=${LEARNER:-centred}
+case $learner_name in
+  centred) ;;
+  state) learner+=(--set value_objective=state --set center_actions=false) ;;
+  *) echo "unknown LEARNER '$learner_name': centred or state" >&2; exit 2 ;;
+esac
 
 case $task in
   lake3|lake3-fixed)
-    $spa run configs/frozenlake-sanity-3x3.yaml --until bootstrap --name lake3-boot --runs-dir "$runs"
-    boot=$runs/lake3-boot/bootstrap/epoch-1
+    recipe=configs/frozenlake-sanity-3x3.yaml boot_name=lake3-boot
     env=(-e frozenlake -o size=3 -o is_slippery=false --max-turns 4 --max-actions 1)
     if [ "$task" = lake3 ]; then
       probe=(--steps 8 --eval-every 2 --eval-levels 32 --eval-samples 4)
@@ -48,11 +57,12 @@ case $task in
       probe=(--steps 6 --eval-every 2 --eval-levels 16 --eval-samples 8)
     fi ;;
   lake4)
-    $spa run configs/frozenlake-vanilla.yaml --until bootstrap --name fl4-vanilla-boot --runs-dir "$runs"
-    boot=$runs/fl4-vanilla-boot/bootstrap/epoch-1
+    recipe=configs/frozenlake-vanilla.yaml boot_name=fl4-vanilla-boot
     env=(-e frozenlake --max-turns 5 --max-actions 3)
     probe=(--steps 12 --eval-every 4 --eval-levels 32 --eval-samples 4) ;;
   *) echo "unknown task '$task': lake3, lake3-fixed or lake4" >&2; exit 2 ;;
 esac
-out=$runs/exp-centred-$task${SEED:+-$seed}
-$spa rl "${env[@]}" --model "$boot" --out "$out" "${probe[@]}" "${learner[@]}" "$@"
+start=${START:-$runs/$boot_name/bootstrap/epoch-1}
+[ -n "${START:-}" ] || $spa run "$recipe" --until bootstrap --name "$boot_name" --runs-dir "$runs"
+out=$runs/exp-$learner_name-$task${SEED:+-$seed}
+$spa rl "${env[@]}" --model "$start" --out "$out" "${probe[@]}" "${learner[@]}" "$@"

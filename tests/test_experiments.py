@@ -485,3 +485,20 @@ def test_the_centred_learner_script_seeds_its_training_levels_and_refuses_an_unk
     (tmp_path / "other").mkdir()
     code, calls = centred_calls(tmp_path / "other", "lake5")
     assert code == 2 and calls == []
+
+
+def test_the_learner_script_swaps_in_the_baseline_of_the_state_and_starts_from_a_given_checkpoint(tmp_path):
+    from spa.config import load
+    from spa.rl.config import PPOConfig
+
+    code, calls = centred_calls(tmp_path, "lake4", env={"LEARNER": "state", "START": "spa-run/bridge/epoch-1"})
+    assert code == 0 and len(calls) == 1  # no bootstrap: the run starts from START
+    rl = calls[0]
+    assert rl[rl.index("--model") + 1] == "spa-run/bridge/epoch-1"
+    assert rl[rl.index("--out") + 1].endswith("exp-state-lake4")
+    sets = [rl[i + 1] for i, word in enumerate(rl) if word == "--set"]
+    config = load(PPOConfig, {}, sets)  # the later --set wins, as on the command line
+    assert config.value_objective == "state" and not config.center_actions
+    (tmp_path / "x").mkdir()
+    code, calls = centred_calls(tmp_path / "x", "lake3", env={"LEARNER": "greedy"})
+    assert code == 2 and calls == []

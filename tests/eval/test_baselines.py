@@ -232,3 +232,45 @@ def test_cli_rejects_an_unknown_policy():
     result = CliRunner().invoke(app, ["eval", "-e", "sokoban", "--policy", "greedy"], terminal_width=200)
     output = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "'greedy'" in output and "model, random, oracle" in output
+
+
+# -- the value policy ---------------------------------------------------------------
+
+
+def test_the_value_policy_takes_the_move_that_wins_at_once():
+    # Right reaches the goal now (value exactly 1); every other move leaves it to random
+    # play, which misses it on some forks, so greedy play wins every episode in one move.
+    cfg = config("frozenlake", {"desc": "SGF/FFF/FFF", "is_slippery": False}, turns=2, per_turn=1, mode="base")
+    trajectories = play("value", SEEDS[:4], 2, cfg)
+    assert all(t.success and [turn.actions for turn in t.turns] == [["Right"]] for t in trajectories)
+
+
+def test_the_value_policy_beats_random_play_without_asking_a_solver(monkeypatch):
+    import numpy as np
+
+    from spa.envs.frozen_lake import FrozenLakeEnv
+    from spa.eval.baselines import value_policy
+
+    cfg = config("frozenlake", {"size": 3, "is_slippery": False}, turns=4, per_turn=1, mode="base")
+    value, chance = (summarize(play(policy, SEEDS[:24], 2, cfg))["success_rate"] for policy in ("value", "random"))
+    assert value >= chance + 0.3, (value, chance)
+
+    def no_solver(self):
+        raise AssertionError("the value policy must not ask the solver")
+
+    monkeypatch.setattr(FrozenLakeEnv, "best_actions", no_solver)  # the metrics ask it; the policy must not
+    env, act = make("frozenlake"), value_policy(np.random.default_rng(0), rollouts=8)
+    env.reset(seed=SEEDS[0])
+    for _ in range(5):
+        if env.step(act(env))[2]:
+            break
+
+
+def test_cli_value_policy_plays_without_a_model(tmp_path, monkeypatch):
+    monkeypatch.setattr("spa.cli.evaluation.load", lambda *a, **k: pytest.fail("a baseline must not load a model"))
+    out = tmp_path / "value"
+    result = CliRunner().invoke(app, ["eval", "--policy", "value", "-e", "frozenlake", "--levels", "2",
+                                      "--samples", "1", "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["policy"] == "value" and metrics["episodes"] == 2 and metrics["action_valid_rate"] == 1.0

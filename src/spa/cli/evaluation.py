@@ -32,16 +32,18 @@ def evaluate_command(
     device: str = DeviceOption,
     seed: int = option(EvalConfig, "seed"),
     out: str = typer.Option(None, help="Output folder (default: evals/ENV-MODE, or evals/ENV-POLICY "
-                            "for random and oracle)."),
+                            "for a baseline)."),
     option: list[str] = EnvOption,
-    policy: str = typer.Option("model", help="Who plays: model, random (uniform valid actions) or "
-                               "oracle (a solver's shortest solution); random and oracle load no model."),
+    policy: str = typer.Option("model", help="Who plays: model, random (uniform valid actions), "
+                               "oracle (a solver's shortest solution) or value (greedy on Monte-Carlo "
+                               "values of random continuation: what the value label teaches, no "
+                               "solver); the baselines load no model."),
     set_: list[str] = SetOption,
 ) -> None:
     """Evaluate a model or a baseline on the fixed evaluation levels.
 
-    Pass@k, valid-action rates and world-model accuracy; --policy random or oracle plays a
-    baseline instead of the model.
+    Pass@k, valid-action rates and world-model accuracy; --policy random, oracle or value
+    plays a baseline instead of the model.
     """
     from spa.eval.baselines import POLICIES, evaluate_policy
     from spa.eval.evaluate import evaluate, metric_rows

@@ -1,6 +1,7 @@
-"""Baseline policies for ``spa eval``: uniformly random valid actions, and a solver.
+"""Baseline policies for ``spa eval``: uniformly random valid actions, a solver, and the
+greedy policy on Monte-Carlo values.
 
-Both play the same evaluation seeds under the same turn and action limits as a model
+All three play the same evaluation seeds under the same turn and action limits as a model
 and go through the same accounting: each turn the policy writes a response
 ``<think>..</think><answer>A1 || A2 || A3</answer>`` that ``spa.agent.rollout``'s
 turn function parses and applies, so ``summarize`` scores them exactly as it scores a
@@ -15,6 +16,12 @@ model. No model is loaded.
   Up); Sudoku, the solution's value for the first wrong cell. It acts on the state after each
   action, so on slippery ice it replans after every slide. It is deterministic: the
   samples of a level (which share the level's slip draws) play identically.
+* ``value``: the action with the highest Monte-Carlo value under random continuation
+  (``spa.envs.lookahead.action_values``: ``VALUE_ROLLOUTS`` forks per action, each played
+  on for ``VALUE_HORIZON`` actions in all; ties broken at random). One step of policy
+  improvement over random play from the task's reward alone, no solver: the value label
+  of the learner (``ppo.advantage=value``, ``spa iterate --keep value``) marks this
+  policy's moves, so it is what a policy that learnt that label perfectly would play.
 
 A turn's actions are chosen one at a time on a copy of the environment, which holds
 the same random generator and so sees the same slides the real one will; the real
@@ -41,6 +48,7 @@ from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import eval_seeds
 from spa.envs import TextEnv, make
 from spa.envs.frozen_lake import ACTIONS as LAKE_ACTIONS
+from spa.envs.lookahead import action_values
 from spa.envs.frozen_lake import FrozenLakeEnv
 from spa.envs.sokoban import Sokoban
 from spa.envs.sokoban import solve as solve_sokoban
@@ -50,10 +58,14 @@ from spa.eval.metrics import summarize
 from spa.models.engine import Generation
 
 #: Who can play in ``spa eval``: the language model, or one of the baselines here.
-POLICIES = ("model", "random", "oracle")
+POLICIES = ("model", "random", "oracle", "value")
 BASELINES = POLICIES[1:]
 
 Policy = Callable[[TextEnv], str]  # the next action in the env's current state
+
+#: The value baseline's look-ahead: the value label's defaults (``PPOConfig.mc_rollouts`` as
+#: the recipes set it for the label, ``PPOConfig.value_horizon``, ``IterateConfig``'s).
+VALUE_ROLLOUTS, VALUE_HORIZON = 128, 5
 
 
 def check_policy(name: str) -> str:
@@ -109,6 +121,19 @@ def oracle_policy(rng: np.random.Generator) -> Policy:
     return act
 
 
+def value_policy(rng: np.random.Generator, rollouts: int = VALUE_ROLLOUTS,
+                 horizon: int = VALUE_HORIZON) -> Policy:
+    """Greedy on ``Q_rand``: each action is one of those whose ``rollouts`` random
+    continuations of ``horizon`` actions return the most, drawn from ``rng``."""
+
+    def act(env: TextEnv) -> str:
+        values = action_values(env, rollouts, horizon, rng)
+        top = max(values.values())
+        return str(rng.choice([action for action, value in values.items() if value >= top]))
+
+    return act
+
+
 def _sokoban_states(env: Sokoban, plan: list[str]) -> dict:
     """``(player, boxes) -> move`` along ``plan`` from ``env``'s state (on a copy)."""
     sim, states = copy.deepcopy(env), {}
@@ -119,10 +144,10 @@ def _sokoban_states(env: Sokoban, plan: list[str]) -> dict:
 
 
 def make_policy(name: str, rng: np.random.Generator) -> Policy:
-    """A fresh per-episode baseline policy (``random`` or ``oracle``)."""
+    """A fresh per-episode baseline policy (``random``, ``oracle`` or ``value``)."""
     if check_policy(name) == "model":
         raise ValueError("the model policy is played by spa.eval.evaluate, not by a baseline")
-    return random_policy(rng) if name == "random" else oracle_policy(rng)
+    return {"random": random_policy, "oracle": oracle_policy, "value": value_policy}[name](rng)
 
 
 # -- episodes -----------------------------------------------------------------------
