@@ -392,3 +392,88 @@ def test_centring_per_move_trains_a_move_where_it_beat_its_own_mean(tiny, tmp_pa
     step = _value_step(tiny, tmp_path, script, 2, mc_center=False, center_actions=True)
     assert step["charts/train_turns"] == 4 and step["charts/zero_advantage_turns"] == 4
     assert step["actor/advantage_mean"] == pytest.approx(0.0, abs=1e-6)
+
+
+# -- a label for every action of a turn (value_actions=each) -------------------------
+
+LINE = {"desc": "SFG/FFF/FFF", "is_slippery": False}  # the goal two moves Right of the start
+
+
+def test_each_action_of_a_turn_gets_the_label_of_its_own_state(tiny, monkeypatch):
+    """On the 3x3 lake ``SFG/FFF/FFF`` with one action of look-ahead, no move wins from the
+    start (no move stands out: label 0, share 0), and from (0,1) only Right wins (share 1/4).
+    A turn ``Right || Right`` thus gets (0, 3/4) under the state objective and ``Right ||
+    Down`` (0, -1/4): the second action is judged where it was played, not by the first
+    one's label, which alone (value_actions=first) gives both turns 0. No solver is called."""
+    _, tokenizer = tiny
+    config = RolloutConfig("frozenlake", LINE, PromptConfig("base", max_turns=1, max_actions_per_turn=2))
+    right = played(config, ["<answer>Right || Right</answer>"], tokenizer)
+    down = played(config, ["<answer>Right || Down</answer>"], tokenizer)
+    junk = played(config, ["junk"], tokenizer)
+
+    def no_solver(self):
+        raise AssertionError("the solver was called on the path of RL from the reward")
+
+    for cls in (TextEnv, *TextEnv.__subclasses__()):
+        monkeypatch.setattr(cls, "best_actions", no_solver)
+    episodes = [right, down, junk]
+    assert label_advantages(episodes, 400, 1, (0,), "state", "each") == [[(0.0, 0.75)], [(0.0, -0.25)], [(0.0,)]]
+    assert label_advantages(episodes, 400, 1, (0,), "linear", "each") == [[(0.0, 1.0)], [(0.0, 0.0)], [(0.0,)]]
+    assert label_advantages(episodes, 400, 1, (0,), "state") == [[0.0], [0.0], [0.0]]
+    with pytest.raises(ValueError, match="linear and state objectives, not 'log'"):
+        label_advantages(episodes, 400, 1, (0,), "log", "each")
+
+
+def test_the_first_action_gets_the_same_label_whether_or_not_the_others_are_labelled(tiny):
+    _, tokenizer = tiny
+    config = lake_rollout(per_turn=2)
+    episodes = [played(config, [answer, "<answer>Up || Right</answer>"], tokenizer)
+                for answer in ("<answer>Down || Up</answer>", "<answer>Right</answer>", "<answer>Left || Down</answer>")]
+    first = label_advantages(episodes, 200, 2, (3,), "state")
+    each = label_advantages(episodes, 200, 2, (3,), "state", "each")
+    assert [[turn[0] for turn in episode] for episode in each] == first
+    assert [len(turn) for turn in each[0]] == [2, 2]
+
+
+def test_each_action_s_tokens_carry_its_own_advantage(tiny):
+    """The think text and the first action's tokens get the first action's advantage; the
+    separator and the second action's name the second's; the closing tag goes with the last."""
+    from spa.rl.batch import action_index
+
+    _, tokenizer = tiny
+    config = RolloutConfig("frozenlake", LINE, PromptConfig("base", max_turns=1, max_actions_per_turn=2))
+    episode = played(config, ["<think>go</think><answer>Right || Down</answer>"], tokenizer)
+    (sample,) = turn_samples([episode], tokenizer, action_tokens=True)
+    ids = episode.turns[0].response_ids
+    parts = [tokenizer.decode([i for i, a in zip(ids, sample.action_of) if a == k]) for k in (0, 1)]
+    assert "go" in parts[0] and "Right" in parts[0] and "Down" not in parts[0]
+    assert "||" in parts[1] and "Down" in parts[1] and "</answer>" in parts[1] and "Right" not in parts[1]
+    decode = lambda tokens: tokenizer.decode(tokens)  # noqa: E731
+    assert action_index(ids, decode, 1).tolist() == [0] * len(ids)  # one action played: all with it
+    config = PPOConfig(algorithm="grpo", advantage="value", value_objective="state", value_actions="each",
+                       mc_center=False)
+    compute_advantages([sample], [episode], None, config, 0, torch.autocast("cpu", enabled=False),
+                       [[(0.0, -0.25)]])
+    # One scale for the step: the root mean square of its actions' values, (0 + 1/16) / 2.
+    rms = (0.0625 / 2) ** 0.5
+    assert sample.advantages[sample.action_of == 0].eq(0.0).all()
+    assert sample.advantages[sample.action_of == 1].eq(-0.25 / rms).all()
+
+
+def test_value_actions_each_is_checked_and_trains(tiny, tmp_path):
+    with pytest.raises(ValueError, match="value_actions 'both' is not known; valid: first, each"):
+        PPOConfig(advantage="value", value_actions="both")
+    with pytest.raises(ValueError, match="neither center_actions nor train_turns"):
+        PPOConfig(advantage="value", value_objective="state", value_actions="each", center_actions=True)
+    with pytest.raises(ValueError, match="needs advantage=value"):
+        PPOConfig(algorithm="grpo", advantage="mc", value_actions="each")
+    model, tokenizer = tiny
+    config = PPOConfig(algorithm="grpo", advantage="value", value_objective="state", value_actions="each",
+                       mc_center=False, mc_rollouts=64, value_horizon=1, steps=1, groups=1, samples=2,
+                       max_new_tokens=8, minibatch_size=8, micro_batch_size=2, actor_lr=1e-3, tensorboard=False,
+                       precision="fp32")
+    rollout_config = RolloutConfig("frozenlake", LINE, PromptConfig("base", max_turns=1, max_actions_per_turn=2))
+    script = [["<answer>Right || Right</answer>", "<answer>Right || Down</answer>"]]
+    (step,) = train(copy.deepcopy(model), tokenizer, rollout_config, config, tmp_path / "each", progress=False,
+                    engine=ScriptedEngine(tokenizer, script))
+    assert step["charts/train_turns"] == 2 and step["advantages/mc_mean"] == pytest.approx(0.125)

@@ -42,18 +42,24 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     over the step (``whiten_advantages``; the moments are global), and the explained
     variance over all processes' turns is returned. With ``advantage="mc"``,
     ``turn_values[e][t]`` is turn t of ``kept[e]``'s Monte-Carlo advantage
-    (:mod:`spa.rl.montecarlo`): every token of the turn gets it, less the step's mean over
+    (:mod:`spa.rl.montecarlo`), or a tuple of one per played action whose tokens
+    (``Sample.action_of``) each get their own: every token of the turn gets it, less the step's mean over
     the training turns (of every process) with ``mc_center``, divided by the standard
     deviation about that centre (the root mean square without it). Every process must call it.
     """
     if config.advantage in PER_TURN:
-        raw = [turn_values[s.episode][s.turn] for s in samples]
+        per_turn = [turn_values[s.episode][s.turn] for s in samples]
+        raw = [a for value in per_turn for a in per_action(value)]
         count, total, squares = distributed.total(float(len(raw)), float(sum(raw)), float(sum(a * a for a in raw)))
         mean = total / max(count, 1.0) if config.mc_center else 0.0
         spread = max(squares / max(count, 1.0) - mean * mean, 0.0) ** 0.5
         scale = 1.0 / spread if spread > 0 else 0.0
-        for s, a in zip(samples, raw):
-            s.advantages = torch.full((s.response_length,), (a - mean) * scale)
+        for s, value in zip(samples, per_turn):
+            if isinstance(value, tuple):  # one per played action: each action's tokens get their own
+                values = (torch.tensor(value) - mean) * scale
+                s.advantages = values[s.action_of.clamp(max=len(value) - 1)]
+            else:
+                s.advantages = torch.full((s.response_length,), (value - mean) * scale)
         _finish(samples, kept, config)
         # This process's training turns: the raw mean is how much better than its state's
         # value the policy's moves did, in the task's reward units (no solver needed).
@@ -84,6 +90,12 @@ def compute_advantages(samples: list[Sample], kept: list[Trajectory], critic: Cr
     v, mask = pad_responses(distributed.gather([s.old_values for s in samples]))
     r, _ = pad_responses(distributed.gather([s.returns for s in samples]))
     return {"critic/explained_variance": core.explained_variance(v, r, mask)}
+
+
+def per_action(value: float | tuple[float, ...]) -> tuple[float, ...]:
+    """A turn's Monte-Carlo value as one value per played action (``value_actions=each``
+    gives a tuple; one value stands for the whole turn)."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _finish(samples: list[Sample], kept: list[Trajectory], config: PPOConfig) -> None:

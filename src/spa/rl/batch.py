@@ -43,6 +43,7 @@ class Sample:
     returns: Tensor | None = None  # (R,) critic targets (PPO only)
     old_values: Tensor | None = None  # (R,) critic values at rollout time (PPO only)
     loss_mask: Tensor | None = None  # (R,) bool: the response tokens in the policy loss; None: all
+    action_of: Tensor | None = None  # (R,) long: the played action each token goes with (value_actions=each)
 
     @property
     def response_length(self) -> int:
@@ -54,8 +55,8 @@ class Sample:
         return self.response_length if self.loss_mask is None else int(self.loss_mask.sum())
 
 
-def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in_loss: bool = True
-                 ) -> list[Sample]:
+def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in_loss: bool = True,
+                 action_tokens: bool = False) -> list[Sample]:
     """One Sample per assistant turn that produced at least one token.
 
     Each Sample's ``loss_mask`` leaves out of the policy loss the answer's actions that were
@@ -63,10 +64,12 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
     whose tokens would otherwise carry the advantage of moves that did not happen; with
     ``state_tokens_in_loss=False`` also the contents of the ``<observation>`` and
     ``<prediction>`` blocks (:func:`state_spans`). Finding the spans decodes with
-    ``tokenizer``; without one every response token is in the loss.
+    ``tokenizer``; without one every response token is in the loss. With ``action_tokens``
+    each Sample's ``action_of`` says which played action each token goes with
+    (:func:`action_index`).
     """
-    if not state_tokens_in_loss and tokenizer is None:
-        raise ValueError("leaving the state tokens out of the loss needs the tokenizer to find them")
+    if (not state_tokens_in_loss or action_tokens) and tokenizer is None:
+        raise ValueError("finding the state or action tokens of a response needs the tokenizer")
     samples = []
     for e, trajectory in enumerate(trajectories):
         for k, turn in enumerate(trajectory.turns):
@@ -79,8 +82,11 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
                     spans += [span for span in [unplayed_span(text, len(turn.actions))] if span]
                     if spans:
                         mask = span_token_mask(list(turn.response_ids), decode, spans)
+                action_of = (action_index(list(turn.response_ids), _decoder(tokenizer), len(turn.actions))
+                             if action_tokens else None)
                 samples.append(Sample(list(turn.prompt_ids) + list(turn.response_ids), len(turn.prompt_ids),
-                                      torch.tensor(turn.logprobs, dtype=torch.float32), e, k, loss_mask=mask))
+                                      torch.tensor(turn.logprobs, dtype=torch.float32), e, k, loss_mask=mask,
+                                      action_of=action_of))
     return samples
 
 
@@ -97,24 +103,46 @@ def state_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def action_ends(text: str, count: int) -> list[int]:
+    """The character positions just after each of the first ``count`` actions that the first
+    closed ``<answer>`` block names (``||``-separated, as ``parse_response`` splits them);
+    fewer where it names fewer, none without a closed answer block."""
+    start = text.find("<answer>")
+    end = text.find("</answer>", start) if start >= 0 else -1
+    if end < 0:
+        return []
+    position, ends = start + len("<answer>"), []
+    for part in text[position:end].split(ACTION_SEPARATOR):
+        if len(ends) == count:
+            break
+        if part.strip():
+            ends.append(position + len(part.rstrip()))
+        position += len(part) + len(ACTION_SEPARATOR)
+    return ends
+
+
 def unplayed_span(text: str, played: int) -> tuple[int, int] | None:
     """The character span ``[start, end)`` of the first ``<answer>`` block's contents after
     its first ``played`` actions (``||``-separated, as ``parse_response`` splits them), up
     to ``</answer>``; ``None`` when the answer names no more actions than were played (or
     none were, or there is no closed answer block)."""
-    start = text.find("<answer>")
-    end = text.find("</answer>", start) if start >= 0 else -1
-    if end < 0 or played < 1:
+    ends = action_ends(text, played) if played >= 1 else []
+    if len(ends) < max(played, 1):
         return None
-    position, named = start + len("<answer>"), 0
-    for part in text[position:end].split(ACTION_SEPARATOR):
-        if part.strip():
-            named += 1
-            if named == played:
-                cut = position + len(part.rstrip())
-                return (cut, end) if split_actions(text[cut:end]) else None
-        position += len(part) + len(ACTION_SEPARATOR)
-    return None
+    cut, end = ends[-1], text.find("</answer>", text.find("<answer>"))
+    return (cut, end) if split_actions(text[cut:end]) else None
+
+
+def action_index(response_ids: list[int], decode: Callable[[list[int]], str], played: int) -> Tensor:
+    """(R,) long: for each response token, which of the turn's ``played`` actions it goes
+    with. Everything up to the end of the first action (the think text, the tags) is 0; the
+    tokens after the end of action j (the separator, action j + 1's name) go with j + 1; the
+    tail after the last played action (the closing tag, any unplayed actions) with the last.
+    A token that straddles an action's end goes with that action."""
+    index = torch.zeros(len(response_ids), dtype=torch.long)
+    for end in action_ends(decode(response_ids), played)[:-1]:
+        index[_first_token_from(response_ids, decode, end):] += 1
+    return index
 
 
 def state_token_mask(response_ids: list[int], decode: Callable[[list[int]], str]) -> Tensor:
@@ -135,31 +163,34 @@ def span_token_mask(response_ids: list[int], decode: Callable[[list[int]], str],
     per response instead of R. ``decode(ids) -> str`` is the tokenizer's decode.
     """
     keep = torch.ones(len(response_ids), dtype=torch.bool)
-    if not response_ids:
-        return keep
-
-    def boundary(k: int) -> int:  # c_k
-        return len(decode(response_ids[:k])) if k else 0
-
-    def first_at_or_after(pos: int) -> int:  # the smallest k with c_k >= pos
-        lo, hi = 0, len(response_ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if boundary(mid) < pos else (lo, mid)
-        return lo
-
-    def last_at_or_before(pos: int) -> int:  # the largest k with c_k <= pos
-        lo, hi = 0, len(response_ids)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if boundary(mid) <= pos else (lo, mid - 1)
-        return lo
-
     for start, end in spans:
-        first, stop = first_at_or_after(start), last_at_or_before(end)
+        first, stop = _first_token_from(response_ids, decode, start), _last_token_to(response_ids, decode, end)
         if first < stop:
             keep[first:stop] = False
     return keep
+
+
+def _token_start(response_ids: list[int], decode: Callable[[list[int]], str], k: int) -> int:
+    """``c_k``, the character position where token k begins in the decoded response."""
+    return len(decode(response_ids[:k])) if k else 0
+
+
+def _first_token_from(response_ids: list[int], decode: Callable[[list[int]], str], pos: int) -> int:
+    """The smallest k with ``c_k >= pos`` (R when none), by bisection."""
+    lo, hi = 0, len(response_ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if _token_start(response_ids, decode, mid) < pos else (lo, mid)
+    return lo
+
+
+def _last_token_to(response_ids: list[int], decode: Callable[[list[int]], str], pos: int) -> int:
+    """The largest k with ``c_k <= pos``, by bisection."""
+    lo, hi = 0, len(response_ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _token_start(response_ids, decode, mid) <= pos else (lo, mid - 1)
+    return lo
 
 
 def _decoder(tokenizer) -> Callable[[list[int]], str]:

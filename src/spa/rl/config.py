@@ -17,6 +17,8 @@ ALGORITHMS = ("ppo", "grpo")
 ESTIMATORS = {"ppo": ("gae", "turn_gae", "mc", "value"), "grpo": ("grpo", "grpo_no_std", "mc", "value")}
 #: What advantage=value trains (spa.rl.montecarlo.label_advantages).
 VALUE_OBJECTIVES = ("linear", "log", "state")
+#: Which actions of a turn the value label judges (``PPOConfig.value_actions``).
+VALUE_ACTIONS = ("first", "each")
 #: The estimators that give each turn its own advantage from copies of the environment.
 PER_TURN = ("mc", "value")
 CONTINUATIONS = ("random", "policy")
@@ -63,6 +65,11 @@ class PPOConfig:
         "of the step's turns at that state whose move was best; spa.rl.montecarlo.label_advantages); state "
         "trains the linear objective with a baseline of the state (A = the label - the share of the state's "
         "legal moves that are best), so every move that was not best where it was played is pushed down.")})
+    value_actions: str = field(default="first", metadata={"help": (
+        "advantage=value: first gives a turn's every token the label of its first action; each labels every "
+        "played action at the state it was played in and gives each action's tokens its own advantage (the "
+        "think text goes with the first action), so the later actions of a turn no longer ride on the first "
+        "one's label (linear and state objectives; not with center_actions or train_turns).")})
     train_turns: int = field(default=0, metadata={"help": (
         "advantage=mc or value: train on this many turns a step (0: all), drawn with replacement with probability "
         "proportional to the size of their advantage, each given sign(A) x (times drawn) x the step's mean |A| "
@@ -189,6 +196,12 @@ class PPOConfig:
         if self.value_objective not in VALUE_OBJECTIVES:
             raise ValueError(f"value_objective {self.value_objective!r} is not known; valid: "
                              f"{', '.join(VALUE_OBJECTIVES)}")
+        if self.value_actions not in VALUE_ACTIONS:
+            raise ValueError(f"value_actions {self.value_actions!r} is not known; valid: {', '.join(VALUE_ACTIONS)}")
+        if self.value_actions == "each" and (self.advantage != "value" or self.value_objective == "log"
+                                             or self.center_actions or self.train_turns):
+            raise ValueError("value_actions=each needs advantage=value with value_objective linear or state, "
+                             "and neither center_actions nor train_turns (they read one advantage per turn)")
         if self.mc_continuation not in CONTINUATIONS:
             raise ValueError(f"mc_continuation {self.mc_continuation!r} is not known; valid: "
                              f"{', '.join(CONTINUATIONS)}")

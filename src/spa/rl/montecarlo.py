@@ -44,7 +44,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from spa.agent.labels import label_turns, replay
+from spa.agent.labels import label_actions, label_turns, replay
 from spa.agent.prompts import state_block
 from spa.agent.rollout import RolloutConfig, Start, Trajectory, play_on
 from spa.envs.lookahead import continuation_return
@@ -98,7 +98,7 @@ def random_advantages(trajectories: list[Trajectory], config: RolloutConfig, rol
 
 
 def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int, seed: tuple[int, ...],
-                     objective: str = "linear") -> list[list[float]]:
+                     objective: str = "linear", actions: str = "first") -> list[list[float | tuple[float, ...]]]:
     """Per-turn advantages from the value label: whether a turn's first action is among the
     best at its state by Monte-Carlo value under random continuation (the label the
     Monte-Carlo-value rounds keep, :func:`spa.agent.labels.label_turns`; a turn with no
@@ -124,7 +124,21 @@ def label_advantages(trajectories: list[Trajectory], rollouts: int, horizon: int
     that was not best at its state is pushed down, also one that the step never saw best
     anywhere (which centring per move, ``center_actions``, leaves at 0). A turn with no
     action gives 0.
+
+    ``actions="each"`` (linear and state objectives): a tuple per turn, one advantage per
+    played action, each from that action's own label at the state it was played in
+    (:func:`spa.agent.labels.label_actions`); the trainer gives each action's tokens its
+    own (:attr:`spa.rl.batch.Sample.action_of`). With ``"first"`` the first action's label
+    is the whole turn's, so a turn ``Left || Up || Up`` whose ``Left`` was best pushes its
+    two ``Up`` up too, wherever they were played. A turn with no action gives ``(0.0,)``.
     """
+    if actions == "each":
+        if objective not in ("linear", "state"):
+            raise ValueError(f"value_actions='each' goes with the linear and state objectives, not {objective!r}")
+        per_action = label_actions(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
+        baseline = objective == "state"
+        return [[tuple(float(best) - (share if baseline else 0.0) for best, share in turn) or (0.0,)
+                 for turn in episode] for episode in per_action]
     shares = label_turns(trajectories, rollouts, horizon, 0.0, zlib.crc32(repr(seed).encode()))
     labels = [[float(turn.value_first) for turn in trajectory.turns] for trajectory in trajectories]
     if objective == "linear":

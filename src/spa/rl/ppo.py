@@ -63,7 +63,7 @@ from spa.models.engine import Engine, SamplingParams
 from spa.models.recompute import enable_recompute
 from spa.progress import Bar, quiet_hf_bars
 from spa.rl import core, montecarlo
-from spa.rl.advantages import compute_advantages, draw_turns
+from spa.rl.advantages import compute_advantages, draw_turns, per_action
 from spa.rl.batch import (Sample, collate, forward_with_kl, loss_masks, pad_responses, policy_forward,
                           turn_samples)
 from spa.rl.config import ALGORITHMS, ESTIMATORS, PER_TURN, PPOConfig  # noqa: F401 (re-exported)
@@ -396,10 +396,11 @@ def train(policy, tokenizer, rollout_config: RolloutConfig, config: PPOConfig, o
                 kept = trajectories
                 with _timed(phases, "time/lookahead_s"), distributed.gathered(actor):
                     turn_values = _turn_values(engine, tokenizer, kept, rollout_config, config, step)
-                samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss)
+                samples = turn_samples(kept, tokenizer, config.state_tokens_in_loss,
+                                       action_tokens=config.value_actions == "each")
                 if not centred(config):  # a raw 0 stays 0: skip those turns before the step's moments
-                    samples = [s for s in samples if turn_values[s.episode][s.turn] != 0.0]
-                metrics["charts/zero_advantage_turns"] = sum(v == 0.0 for vs in turn_values for v in vs)
+                    samples = [s for s in samples if any(per_action(turn_values[s.episode][s.turn]))]
+                metrics["charts/zero_advantage_turns"] = sum(not any(per_action(v)) for vs in turn_values for v in vs)
                 with _timed(phases, "time/advantages_s"):
                     metrics.update(compute_advantages(samples, kept, None, config, pad_id, autocast, turn_values))
                 # Centred, a turn whose raw value was 0 (the value label's 0) is pushed down by
@@ -506,12 +507,12 @@ def shape_rewards(trajectories: list[Trajectory], turn_reward: Callable[[Turn], 
 
 
 def _turn_values(engine, tokenizer, trajectories: list[Trajectory], rollout_config: RolloutConfig,
-                 config: PPOConfig, step: int) -> list[list[float]]:
+                 config: PPOConfig, step: int) -> list[list[float | tuple[float, ...]]]:
     """Each turn's Monte-Carlo advantage (:mod:`spa.rl.montecarlo`), or with ``advantage="value"``
     its value label (1 when its first action is among the best by Monte-Carlo value), before any scaling."""
     if config.advantage == "value":
         return montecarlo.label_advantages(trajectories, config.mc_rollouts, config.value_horizon,
-                                           (config.seed, step), config.value_objective)
+                                           (config.seed, step), config.value_objective, config.value_actions)
     if config.mc_continuation == "random":
         return montecarlo.random_advantages(trajectories, rollout_config, config.mc_rollouts, (config.seed, step))
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
