@@ -502,3 +502,25 @@ def test_the_learner_script_swaps_in_the_baseline_of_the_state_and_starts_from_a
     (tmp_path / "x").mkdir()
     code, calls = centred_calls(tmp_path / "x", "lake3", env={"LEARNER": "greedy"})
     assert code == 2 and calls == []
+
+
+def test_action_labels_counts_first_and_later_actions_and_the_label_s_agreement(tiny, capsys):
+    """On ``SFG/FFF/FFF`` with one action of look-ahead, no first move from the start is
+    best (none wins at once), while a second ``Right`` from (0,1) is and a second ``Down``
+    is not; the script's JSON says so, and at the one starting state two look-aheads agree
+    (neither finds a best move)."""
+    from spa.agent.prompts import PromptConfig
+    from spa.agent.rollout import RolloutConfig, rollout
+    from spa.models.engine import SamplingParams
+    from tests.scripted import ScriptedEngine
+
+    labels = script("action_labels")
+    _, tokenizer = tiny
+    config = RolloutConfig("frozenlake", {"desc": "SFG/FFF/FFF", "is_slippery": False},
+                           PromptConfig("base", max_turns=1, max_actions_per_turn=2))
+    script_ = [["<answer>Right || Right</answer>", "<answer>Right || Down</answer>"]]
+    episodes = rollout(ScriptedEngine(tokenizer, script_), tokenizer, [0], 2, config, SamplingParams())
+    rates = labels.position_rates(episodes, labels.label_actions(episodes, 200, 1, 0.0, 0))
+    assert rates["first"] == {"plays": 2, "best": 0.0} and rates["later"] == {"plays": 2, "best": 0.5}
+    assert rates["later_moves"] == {"Right": {"plays": 1, "best": 1.0}, "Down": {"plays": 1, "best": 0.0}}
+    assert labels.agreement(episodes, 200, 1) == {"states": 1, "same_best": 1.0, "median_gap": 0.0}
