@@ -440,11 +440,11 @@ def test_world_model_copies_tells_a_copy_from_a_prediction(tmp_path, capsys):
         copies.main([str(tmp_path / "nowhere")])
 
 
-CENTRED = Path(__file__).parent.parent / "experiments" / "centred_learner.sh"
+CENTRED = Path(__file__).parent.parent / "experiments" / "value_learner.sh"
 
 
 def centred_calls(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int, list[list[str]]]:
-    """The spa commands experiments/centred_learner.sh issues, recorded by a stand-in for spa."""
+    """The spa commands experiments/value_learner.sh issues, recorded by a stand-in for spa."""
     fake = tmp_path / "spa"
     fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
     fake.chmod(0o755)
@@ -461,7 +461,8 @@ def _sets(call: list[str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("task,recipe,steps", [("lake3", "frozenlake-sanity-3x3", "8"),
                                                ("lake3-fixed", "frozenlake-sanity-3x3", "6"),
-                                               ("lake4", "frozenlake-vanilla", "12")])
+                                               ("lake4", "frozenlake-vanilla", "12"),
+                                               ("sokoban", "sokoban-vanilla", "12")])
 def test_the_centred_learner_script_bootstraps_then_trains_with_settings_the_rl_config_knows(tmp_path, task,
                                                                                           recipe, steps):
     from spa.rl.config import PPOConfig

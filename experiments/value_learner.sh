@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The centred value-label learner of docs/making-rl-learn.md ("Centred per move, with the
-# exact KL"), from a format bootstrap, on the tasks it was tried on:
+# The value-label learners of docs/making-rl-learn.md (centred per move, "Centred per move,
+# with the exact KL"; or with a baseline of the state), from a format bootstrap, on the
+# tasks they were tried on:
 #
-#   experiments/centred_learner.sh TASK [extra spa rl options ...]
+#   experiments/value_learner.sh TASK [extra spa rl options ...]
 #
 # TASK is one of
 #   lake3       random 3x3 lakes that do not slip, 4 turns of 1 move (8 steps);
 #   lake3-fixed a fixed 3x3 lake, DESC=SFF/FHG/FFF by default (6 steps, probe 16 x 8);
-#   lake4       slippery 4x4 lakes, 5 turns of up to 3 moves (12 steps).
+#   lake4       slippery 4x4 lakes, 5 turns of up to 3 moves (12 steps);
+#   sokoban     Sokoban 6x6 rooms with one box, 5 turns of up to 3 moves (12 steps).
 #
 # Each builds its bootstrap once (`spa run ... --until bootstrap`) into RUNS (default
-# runs/), then runs `spa rl` into RUNS/exp-centred-TASK[-SEED]; the same command with
+# runs/), then runs `spa rl` into RUNS/exp-LEARNER-TASK[-SEED]; the same command with
 # `--resume` goes on after an interruption (runs are not kept between machines: a run
 # must finish where it started). SEED=N changes the training lakes and samples
 # (not the probe's lakes). THREADS sets the torch threads (default: all cores).
@@ -27,7 +29,7 @@
 # updates.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-task=${1:?usage: experiments/centred_learner.sh lake3|lake3-fixed|lake4 [spa rl options]}
+task=${1:?usage: experiments/value_learner.sh lake3|lake3-fixed|lake4|sokoban [spa rl options]}
 shift
 runs=${RUNS:-runs}
 seed=${SEED:-0}
@@ -60,7 +62,11 @@ case $task in
     recipe=configs/frozenlake-vanilla.yaml boot_name=fl4-vanilla-boot
     env=(-e frozenlake --max-turns 5 --max-actions 3)
     probe=(--steps 12 --eval-every 4 --eval-levels 32 --eval-samples 4) ;;
-  *) echo "unknown task '$task': lake3, lake3-fixed or lake4" >&2; exit 2 ;;
+  sokoban)
+    recipe=configs/sokoban-vanilla.yaml boot_name=sokoban-vanilla-boot
+    env=(-e sokoban --max-turns 5 --max-actions 3)
+    probe=(--steps 12 --eval-every 4 --eval-levels 32 --eval-samples 4) ;;
+  *) echo "unknown task '$task': lake3, lake3-fixed, lake4 or sokoban" >&2; exit 2 ;;
 esac
 start=${START:-$runs/$boot_name/bootstrap/epoch-1}
 [ -n "${START:-}" ] || $spa run "$recipe" --until bootstrap --name "$boot_name" --runs-dir "$runs"
