@@ -27,6 +27,11 @@ import numpy as np
 
 from spa.envs.base import TextEnv
 
+#: The value label's look-ahead by default: random continuations per action and state, and
+#: the actions each plays, the first one included (``spa iterate --keep value``, the
+#: learner's ``advantage=value``, ``spa eval --policy value``).
+VALUE_ROLLOUTS, VALUE_HORIZON = 128, 5
+
 
 def action_values(env: TextEnv, rollouts: int, horizon: int, rng: np.random.Generator) -> dict[str, float]:
     """``Q_rand(s, a)`` for every action of ``env.legal_actions()`` at ``env``'s state (unchanged).

@@ -48,8 +48,8 @@ from spa.agent.trajectory import Trajectory
 from spa.agent.seeds import eval_seeds
 from spa.envs import TextEnv, make
 from spa.envs.frozen_lake import ACTIONS as LAKE_ACTIONS
-from spa.envs.lookahead import action_values
 from spa.envs.frozen_lake import FrozenLakeEnv
+from spa.envs.lookahead import VALUE_HORIZON, VALUE_ROLLOUTS, action_values
 from spa.envs.sokoban import Sokoban
 from spa.envs.sokoban import solve as solve_sokoban
 from spa.envs.sudoku import SudokuEnv
@@ -62,10 +62,6 @@ POLICIES = ("model", "random", "oracle", "value")
 BASELINES = POLICIES[1:]
 
 Policy = Callable[[TextEnv], str]  # the next action in the env's current state
-
-#: The value baseline's look-ahead: the value label's defaults (``PPOConfig.mc_rollouts`` as
-#: the recipes set it for the label, ``PPOConfig.value_horizon``, ``IterateConfig``'s).
-VALUE_ROLLOUTS, VALUE_HORIZON = 128, 5
 
 
 def check_policy(name: str) -> str:

@@ -74,7 +74,7 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
     for e, trajectory in enumerate(trajectories):
         for k, turn in enumerate(trajectory.turns):
             if turn.response_ids:
-                mask = None
+                mask = action_of = None
                 if tokenizer is not None:
                     decode = _decoder(tokenizer)
                     text = decode(list(turn.response_ids))  # the text the spans index, as the bisection sees it
@@ -82,8 +82,8 @@ def turn_samples(trajectories: list[Trajectory], tokenizer=None, state_tokens_in
                     spans += [span for span in [unplayed_span(text, len(turn.actions))] if span]
                     if spans:
                         mask = span_token_mask(list(turn.response_ids), decode, spans)
-                action_of = (action_index(list(turn.response_ids), _decoder(tokenizer), len(turn.actions))
-                             if action_tokens else None)
+                    if action_tokens:
+                        action_of = action_index(list(turn.response_ids), decode, len(turn.actions))
                 samples.append(Sample(list(turn.prompt_ids) + list(turn.response_ids), len(turn.prompt_ids),
                                       torch.tensor(turn.logprobs, dtype=torch.float32), e, k, loss_mask=mask,
                                       action_of=action_of))

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from spa import distributed
 from spa import precision as precision_
+from spa.envs.lookahead import VALUE_HORIZON
 from spa.models.engine import DEFAULT_BATCH, check_batch
 from spa.rl import core
 
@@ -56,7 +57,7 @@ class PPOConfig:
     mc_rollouts: int = field(default=16, metadata={"help": (
         "advantage=mc: continuations per estimate (random: for Q and for V at every turn; policy: for V "
         "at every state); advantage=value: per legal action and state.")})
-    value_horizon: int = field(default=5, metadata={"help": (
+    value_horizon: int = field(default=VALUE_HORIZON, metadata={"help": (
         "advantage=value: actions per continuation, the first one included (the value rounds' 5).")})
     value_objective: str = field(default="linear", metadata={"help": (
         "advantage=value: linear trains the expected label (A = the label, 1 or 0), whose ascent "

@@ -62,6 +62,7 @@ from spa.agent.trajectory import Trajectory, Turn
 from spa.agent.turnlog import TurnLog
 from spa.models.engine import DEFAULT_BATCH, check_batch
 from spa.envs import env_class, make
+from spa.envs.lookahead import VALUE_HORIZON, VALUE_ROLLOUTS
 from spa.progress import Bar
 
 STATES = ("ground_truth", "self_belief")
@@ -103,8 +104,8 @@ class SelfPlayConfig:
     keep: str = field(default="all", metadata={"help": (
         "Turns kept, by a label per turn (any but all is rejection sampling on the model's own "
         "responses): " + keep_help(KEEP))})
-    value_rollouts: int = 128  # keep="value": random continuations per action and state
-    value_horizon: int = 5  # keep="value": actions per continuation, the first one included
+    value_rollouts: int = VALUE_ROLLOUTS  # keep="value": random continuations per action and state
+    value_horizon: int = VALUE_HORIZON  # keep="value": actions per continuation, the first one included
     value_tolerance: float = 0.0  # keep="value": actions this close to the highest value count as best
     engine_batch: int = DEFAULT_BATCH  # prompts decoded together while playing (spa.models.engine)
 
